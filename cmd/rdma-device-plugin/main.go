@@ -1,0 +1,38 @@
+// Command rdma-device-plugin is fastpath's kubelet device plugin for
+// Mellanox/NVIDIA ConnectX SR-IOV VFs and shared HCAs.
+//
+//	rdma-device-plugin [flags]              serve the pools to the kubelet
+//	rdma-device-plugin discover [flags]     print what the node has
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rdma-device-plugin: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// run dispatches to a subcommand; no subcommand means serve.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "discover":
+			return runDiscover(ctx, args[1:], stdout, stderr)
+		case "serve":
+			return runServe(ctx, args[1:], stdout, stderr)
+		}
+	}
+	return runServe(ctx, args, stdout, stderr)
+}

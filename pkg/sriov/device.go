@@ -1,0 +1,49 @@
+// Package sriov gives the PF/VF view of a node's Mellanox NIC functions that
+// the device plugin and the CNI share: for every function, its PF, VF index,
+// netdev, RDMA device and char devices, read from sysfs under an injected root.
+package sriov
+
+// Device is one Mellanox/NVIDIA NIC function (a PF or a VF) as discovery saw
+// it. Paths in CharDevices and VFIODevices are as seen on the host, without
+// any --host-root prefix.
+type Device struct {
+	PCIAddress string `json:"pciAddress"`
+	Vendor     string `json:"vendor"` // "15b3", no 0x
+	DeviceID   string `json:"device"` // "101e", no 0x
+	Class      string `json:"class"`  // "0x020700"
+	Model      string `json:"model,omitempty"`
+	Driver     string `json:"driver"`   // "" when unbound
+	NUMANode   int    `json:"numaNode"` // -1 when unknown; a VF inherits its PF's
+	// PFAddress is "" for a PF. VFIndex is -1 for a PF.
+	PFAddress string `json:"pfAddress"`
+	VFIndex   int    `json:"vfIndex"`
+	// TotalVFs and NumVFs are the PF's sriov_totalvfs / sriov_numvfs (0 on VFs).
+	TotalVFs int `json:"totalVFs,omitempty"`
+	NumVFs   int `json:"numVFs,omitempty"`
+	// Netdev is the function's own netdev (switchdev representors excluded), "" when none.
+	Netdev string `json:"netdev"`
+	// PFNetdev is the netdev of the PF (for a PF, its own).
+	PFNetdev string `json:"pfNetdev,omitempty"`
+	// LinkType is the RDMA port link layer ("InfiniBand" or "Ethernet"), or
+	// "" when the function has no RDMA device.
+	LinkType   string `json:"linkType"`
+	RDMADevice string `json:"rdmaDevice"`
+	// CharDevices are the RDMA char devices that belong to RDMADevice
+	// (uverbsN, umadN, issmN) plus the node's rdma_cm, host paths.
+	CharDevices []string `json:"charDevices"`
+	// IOMMUGroup is set for every function with an iommu_group link;
+	// VFIODevices is set for functions bound to vfio-pci:
+	// /dev/vfio/vfio and /dev/vfio/<group>.
+	IOMMUGroup  string   `json:"iommuGroup,omitempty"`
+	VFIODevices []string `json:"vfioDevices,omitempty"`
+	// UpstreamBridges are the PCI bridges above the function, nearest first;
+	// RootComplex is the pciDDDD:BB domain/bus it hangs off.
+	UpstreamBridges []string `json:"upstreamBridges,omitempty"`
+	RootComplex     string   `json:"rootComplex,omitempty"`
+}
+
+// IsVF reports whether d is a virtual function.
+func (d *Device) IsVF() bool { return d.PFAddress != "" }
+
+// IsVFIO reports whether d is bound to vfio-pci.
+func (d *Device) IsVFIO() bool { return d.Driver == "vfio-pci" }
