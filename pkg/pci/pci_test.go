@@ -1,0 +1,194 @@
+package pci_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+)
+
+func fixtureRoot(name string) string { return filepath.Join("..", "..", "testdata", "sysfs", name) }
+
+func byAddr(t *testing.T, fns []pci.Function) map[string]pci.Function {
+	t.Helper()
+	m := map[string]pci.Function{}
+	for _, f := range fns {
+		m[f.Address] = f
+	}
+	return m
+}
+
+func TestScanDGX(t *testing.T) {
+	fns, err := pci.New(fixtureRoot("dgx-h100")).Scan(nil)
+	require.NoError(t, err)
+	m := byAddr(t, fns)
+
+	pf := m["0000:18:00.0"]
+	require.Equal(t, "15b3", pf.Vendor)
+	require.Equal(t, "1021", pf.Device)
+	require.Equal(t, "0x020700", pf.Class)
+	require.Equal(t, "mlx5_core", pf.Driver)
+	require.Equal(t, 0, pf.NUMANode)
+	require.True(t, pf.IsNIC())
+	require.False(t, pf.IsVF())
+	require.Equal(t, 16, pf.TotalVFs)
+	require.Equal(t, 4, pf.NumVFs)
+	require.Equal(t, []string{"0000:18:00.1", "0000:18:00.2", "0000:18:00.3", "0000:18:00.4"}, pf.VFs)
+	require.Equal(t, []string{"ibp24s0"}, pf.Netdevs)
+	require.Equal(t, []string{"0000:17:00.0", "0000:16:00.0", "0000:15:01.0"}, pf.Bridges)
+	require.Equal(t, "pci0000:15", pf.RootComplex)
+	require.Equal(t, -1, pf.VFIndex)
+
+	vf := m["0000:18:00.3"]
+	require.True(t, vf.IsVF())
+	require.Equal(t, "0000:18:00.0", vf.PhysFn)
+	require.Equal(t, 2, vf.VFIndex)
+	require.Equal(t, "101e", vf.Device)
+	require.Equal(t, []string{"ibp24s0v2"}, vf.Netdevs)
+	require.Equal(t, pf.Bridges, vf.Bridges)
+
+	gpu := m["0000:19:00.0"]
+	require.Equal(t, "10de", gpu.Vendor)
+	require.False(t, gpu.IsNIC())
+	// The GPU shares the PCIe switch upstream port with rail 0's NIC.
+	require.Equal(t, "0000:16:00.0", gpu.Bridges[1])
+
+	nics := 0
+	for _, f := range fns {
+		if f.IsNIC() {
+			nics++
+		}
+	}
+	require.Equal(t, 8+8*fixture.DGXVFsPerRail+4, nics)
+
+	rail7 := m["0000:dc:00.0"]
+	require.Equal(t, 1, rail7.NUMANode)
+}
+
+func TestScanEdge(t *testing.T) {
+	fns, err := pci.New(fixtureRoot("edge")).Scan(func(v string) bool { return v == pci.VendorMellanox })
+	require.NoError(t, err)
+	m := byAddr(t, fns)
+	_, intel := m["0000:31:00.0"]
+	require.False(t, intel, "vendor filter keeps only 15b3")
+
+	pf := m["0000:86:00.0"]
+	require.Equal(t, -1, pf.NUMANode)
+	vfio := m["0000:86:00.1"]
+	require.Equal(t, "vfio-pci", vfio.Driver)
+	require.Equal(t, "71", vfio.IOMMUGroup)
+	require.Empty(t, vfio.Netdevs)
+	require.Equal(t, 0, vfio.VFIndex)
+	require.Equal(t, -1, vfio.NUMANode, "PF does not know either")
+	unbound := m["0000:86:00.2"]
+	require.Equal(t, "", unbound.Driver)
+	require.Equal(t, 1, unbound.VFIndex)
+
+	sw := m["0000:af:00.0"]
+	require.Equal(t, []string{"enp175s0f0np0"}, sw.Netdevs)
+	require.Equal(t, []string{"eth4", "eth5"}, sw.Representors)
+	noVFs := m["0000:af:00.1"]
+	require.Equal(t, 8, noVFs.TotalVFs)
+	require.Equal(t, 0, noVFs.NumVFs)
+	require.Empty(t, noVFs.VFs)
+
+	bridge := m["0000:85:00.0"]
+	require.Equal(t, "15b3", bridge.Vendor)
+	require.False(t, bridge.IsNIC())
+	bf := m["0000:03:00.0"]
+	require.False(t, bf.IsNIC())
+}
+
+func TestFunction(t *testing.T) {
+	s := pci.New(fixtureRoot("dgx-h100"))
+	vf, err := s.Function("0000:40:00.4")
+	require.NoError(t, err)
+	require.Equal(t, "0000:40:00.0", vf.PhysFn)
+	require.Equal(t, 3, vf.VFIndex)
+	require.Equal(t, []string{"ibp64s0v3"}, vf.Netdevs)
+
+	_, err = s.Function("0000:77:00.0")
+	require.ErrorIs(t, err, pci.ErrNotFound)
+	_, err = s.Function("../../etc")
+	require.ErrorContains(t, err, "not a PCI address")
+}
+
+func TestVFInheritsPFNUMA(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, fixture.Generate(root, 2, 2))
+	vfDir := filepath.Join(root, "sys/bus/pci/devices", fixture.VFAddress(0x11, 1), "numa_node")
+	require.NoError(t, os.WriteFile(vfDir, []byte("-1\n"), 0o644))
+	s := pci.New(root)
+	fns, err := s.Scan(nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, byAddr(t, fns)[fixture.VFAddress(0x11, 1)].NUMANode)
+	f, err := s.Function(fixture.VFAddress(0x11, 1))
+	require.NoError(t, err)
+	require.Equal(t, 1, f.NUMANode)
+}
+
+func TestValidAddress(t *testing.T) {
+	for s, want := range map[string]bool{
+		"0000:18:00.1": true, "0000:ff:1f.7": true, "0001:3b:00.0": true,
+		"0000:18:00.8": false, "0000:18:20.0": false, "0000:18:00": false, "18:00.1": false,
+		"0000:18:00.1\n": false, "0000:1G:00.1": false, "0000:18:00.1/..": false, "../../../..00": false,
+		"0000:AB:00.1": false, "": false,
+	} {
+		require.Equal(t, want, pci.ValidAddress(s), s)
+	}
+}
+
+func TestIsRepresentor(t *testing.T) {
+	for s, want := range map[string]bool{
+		"pf0vf3": true, "c1pf0vf3": true, "pf1sf7": true, "pf12vf127": true,
+		"p0": false, "p1": false, "": false, "pf0": false, "pf0vf": false, "vf0": false, "cpf0vf1": false,
+	} {
+		require.Equal(t, want, pci.IsRepresentor(s), s)
+	}
+}
+
+func TestScanErrors(t *testing.T) {
+	_, err := pci.New(t.TempDir()).Scan(nil)
+	require.ErrorContains(t, err, "list pci devices")
+
+	// A bus link that escapes the root is refused, not followed.
+	root := t.TempDir()
+	dir := filepath.Join(root, "sys/bus/pci/devices")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.Symlink("../../../../../etc", filepath.Join(dir, "0000:01:00.0")))
+	_, err = pci.New(root).Scan(nil)
+	require.ErrorContains(t, err, "points outside")
+
+	// Garbage in an ID file is an error naming the file.
+	root = t.TempDir()
+	require.NoError(t, fixture.Generate(root, 1, 0))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "sys/bus/pci/devices/0000:10:00.0/vendor"), []byte("zzzz\n"), 0o644))
+	_, err = pci.New(root).Scan(nil)
+	require.ErrorContains(t, err, "vendor")
+}
+
+func TestNamesFallBackToHex(t *testing.T) {
+	t.Setenv("PCIDB_ENABLE_NETWORK_FETCH", "1")
+	t.Setenv("HOME", t.TempDir())
+	n := pci.LoadNames(t.TempDir())
+	require.False(t, n.Loaded())
+	require.Equal(t, "15b3:1021", n.Model("15b3", "1021"))
+	var nilNames *pci.Names
+	require.Equal(t, "15b3:101e", nilNames.Model("15b3", "101e"))
+}
+
+func TestNamesFromPCIIDs(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv("HOME", t.TempDir())
+	ids := "15b3  Mellanox Technologies\n\t1021  MT2910 Family [ConnectX-7]\n"
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "usr/share/misc"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "usr/share/misc/pci.ids"), []byte(ids), 0o644))
+	n := pci.LoadNames(root)
+	require.True(t, n.Loaded())
+	require.Equal(t, "MT2910 Family [ConnectX-7]", n.Model("15b3", "1021"))
+	require.Equal(t, "15b3:101e", n.Model("15b3", "101e"))
+}

@@ -1,0 +1,203 @@
+package sriov
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
+)
+
+// Snapshot is one scan of a node: every Mellanox NIC function, sorted by
+// PCI address, and what discovery found missing.
+type Snapshot struct {
+	Devices  []Device
+	Warnings []string
+}
+
+// Device returns the device at addr, or false.
+func (s *Snapshot) Device(addr string) (*Device, bool) {
+	for i := range s.Devices {
+		if s.Devices[i].PCIAddress == addr {
+			return &s.Devices[i], true
+		}
+	}
+	return nil, false
+}
+
+// Scanner discovers Mellanox NIC functions under a host root.
+type Scanner struct {
+	root  string
+	pci   *pci.Scanner
+	rdma  *rdma.Reader
+	names *pci.Names
+}
+
+// Option configures a Scanner.
+type Option func(*Scanner)
+
+// WithNames resolves model names (pci.LoadNames); without it Model is the
+// hex "vendor:device".
+func WithNames(n *pci.Names) Option { return func(s *Scanner) { s.names = n } }
+
+// NewScanner reads <root>/sys and <root>/dev. root "" is "/".
+func NewScanner(root string, opts ...Option) *Scanner {
+	if root == "" {
+		root = "/"
+	}
+	s := &Scanner{root: root, pci: pci.New(root), rdma: rdma.NewReader(root)}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Root is the host root the scanner reads under.
+func (s *Scanner) Root() string { return s.root }
+
+// RDMA is the scanner's RDMA reader.
+func (s *Scanner) RDMA() *rdma.Reader { return s.rdma }
+
+func isMellanox(vendor string) bool { return vendor == pci.VendorMellanox }
+
+// Scan discovers every Mellanox NIC function. It makes no netlink call:
+// everything comes from sysfs and one listing of /dev/infiniband.
+func (s *Scanner) Scan() (*Snapshot, error) {
+	fns, err := s.pci.Scan(isMellanox)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := s.rdma.DevNodes()
+	if err != nil {
+		return nil, err
+	}
+	snap := &Snapshot{Devices: make([]Device, 0, len(fns))}
+	byAddr := make(map[string]*pci.Function, len(fns))
+	for i := range fns {
+		byAddr[fns[i].Address] = &fns[i]
+	}
+	for i := range fns {
+		f := &fns[i]
+		if !f.IsNIC() {
+			continue
+		}
+		var pf *pci.Function
+		if f.IsVF() {
+			pf = byAddr[f.PhysFn]
+		}
+		d, warns, err := s.device(f, pf, nodes)
+		if err != nil {
+			return nil, err
+		}
+		snap.Devices = append(snap.Devices, d)
+		snap.Warnings = append(snap.Warnings, warns...)
+	}
+	return snap, nil
+}
+
+// Device reads the one function at addr (a PF or VF), without scanning the
+// node: the CNI's lookup of its deviceID.
+func (s *Scanner) Device(addr string) (Device, error) {
+	f, err := s.pci.Function(addr)
+	if err != nil {
+		return Device{}, err
+	}
+	if !f.IsNIC() {
+		return Device{}, fmt.Errorf("pci %s: %s:%s class %s is not a Mellanox NIC function", addr, f.Vendor, f.Device, f.Class)
+	}
+	var pf *pci.Function
+	if f.IsVF() {
+		p, err := s.pci.Function(f.PhysFn)
+		if err != nil {
+			return Device{}, fmt.Errorf("pci %s: read PF: %w", addr, err)
+		}
+		pf = &p
+	}
+	nodes, err := s.rdma.DevNodes()
+	if err != nil {
+		return Device{}, err
+	}
+	d, _, err := s.device(&f, pf, nodes)
+	return d, err
+}
+
+func (s *Scanner) device(f, pf *pci.Function, nodes map[string]bool) (Device, []string, error) {
+	d := Device{
+		PCIAddress: f.Address, Vendor: f.Vendor, DeviceID: f.Device, Class: f.Class,
+		Model: s.names.Model(f.Vendor, f.Device), Driver: f.Driver, NUMANode: f.NUMANode,
+		PFAddress: f.PhysFn, VFIndex: f.VFIndex, TotalVFs: f.TotalVFs, NumVFs: f.NumVFs,
+		IOMMUGroup: f.IOMMUGroup, UpstreamBridges: f.Bridges, RootComplex: f.RootComplex,
+		CharDevices: []string{},
+	}
+	var warns []string
+	warn := func(format string, args ...any) {
+		warns = append(warns, fmt.Sprintf("%s: ", f.Address)+fmt.Sprintf(format, args...))
+	}
+	if len(f.Netdevs) > 0 {
+		d.Netdev = f.Netdevs[0]
+		if len(f.Netdevs) > 1 {
+			warn("several netdevs (%s); using %s", strings.Join(f.Netdevs, ", "), d.Netdev)
+		}
+	}
+	d.PFNetdev = d.Netdev
+	if pf != nil {
+		d.PFNetdev = ""
+		if len(pf.Netdevs) > 0 {
+			d.PFNetdev = pf.Netdevs[0]
+		}
+	}
+	switch {
+	case f.Driver == "vfio-pci":
+		if f.IOMMUGroup == "" {
+			warn("bound to vfio-pci but has no iommu_group")
+			break
+		}
+		for _, p := range []string{"/dev/vfio/vfio", "/dev/vfio/" + f.IOMMUGroup} {
+			d.VFIODevices = append(d.VFIODevices, p)
+		}
+		return d, warns, nil
+	case f.Driver == "":
+		warn("no driver bound")
+		return d, warns, nil
+	}
+	if d.Netdev == "" {
+		warn("no netdev")
+	}
+	devs, err := s.rdma.DevicesAt(f.SysfsPath)
+	if err != nil {
+		return Device{}, nil, fmt.Errorf("pci %s: %w", f.Address, err)
+	}
+	if len(devs) == 0 {
+		warn("no RDMA device (is mlx5_ib loaded?)")
+		return d, warns, nil
+	}
+	if len(devs) > 1 {
+		var names []string
+		for _, r := range devs {
+			names = append(names, r.Name)
+		}
+		warn("several RDMA devices (%s); using %s", strings.Join(names, ", "), devs[0].Name)
+	}
+	r := devs[0]
+	d.RDMADevice = r.Name
+	d.LinkType = r.LinkLayer()
+	hasUverbs := false
+	for _, c := range r.CharDevices {
+		if !nodes[c.Path] {
+			warn("%s: %s is in sysfs but missing under %s", r.Name, c.Path, filepath.Join(s.root, rdma.DevDir))
+			continue
+		}
+		hasUverbs = hasUverbs || c.Kind == rdma.KindUverbs
+		d.CharDevices = append(d.CharDevices, c.Path)
+	}
+	if !hasUverbs {
+		warn("%s: no uverbs char device (is ib_uverbs loaded?)", r.Name)
+	}
+	if nodes[rdma.RDMACMPath] {
+		d.CharDevices = append(d.CharDevices, rdma.RDMACMPath)
+	} else {
+		warn("%s missing (is rdma_ucm loaded?)", rdma.RDMACMPath)
+	}
+	return d, warns, nil
+}

@@ -1,0 +1,116 @@
+package sriov_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+)
+
+func root(name string) string { return filepath.Join("..", "..", "testdata", "sysfs", name) }
+
+func scan(t *testing.T, name string) *sriov.Snapshot {
+	t.Helper()
+	snap, err := sriov.NewScanner(root(name)).Scan()
+	require.NoError(t, err)
+	return snap
+}
+
+func dev(t *testing.T, s *sriov.Snapshot, addr string) sriov.Device {
+	t.Helper()
+	d, ok := s.Device(addr)
+	require.True(t, ok, "no device %s", addr)
+	return *d
+}
+
+func TestScanDGX(t *testing.T) {
+	s := scan(t, "dgx-h100")
+	require.Len(t, s.Devices, 8+32+4)
+	require.Empty(t, s.Warnings)
+
+	require.Equal(t, sriov.Device{
+		PCIAddress: "0000:18:00.1", Vendor: "15b3", DeviceID: "101e", Class: "0x020700", Model: "15b3:101e",
+		Driver: "mlx5_core", NUMANode: 0, PFAddress: "0000:18:00.0", VFIndex: 0,
+		Netdev: "ibp24s0v0", PFNetdev: "ibp24s0", LinkType: "InfiniBand", RDMADevice: "mlx5_12",
+		CharDevices: []string{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"},
+		IOMMUGroup:      "42",
+		UpstreamBridges: []string{"0000:17:00.0", "0000:16:00.0", "0000:15:01.0"}, RootComplex: "pci0000:15",
+	}, dev(t, s, "0000:18:00.1"))
+
+	pf := dev(t, s, "0000:dc:00.0")
+	require.Equal(t, "", pf.PFAddress)
+	require.Equal(t, -1, pf.VFIndex)
+	require.Equal(t, "mlx5_7", pf.RDMADevice)
+	require.Equal(t, "ibp220s0", pf.Netdev)
+	require.Equal(t, 1, pf.NUMANode)
+	require.Equal(t, []string{"/dev/infiniband/uverbs9", "/dev/infiniband/umad7", "/dev/infiniband/issm7", "/dev/infiniband/rdma_cm"}, pf.CharDevices)
+
+	last := dev(t, s, "0000:dc:00.4")
+	require.Equal(t, "mlx5_43", last.RDMADevice)
+	require.Equal(t, 3, last.VFIndex)
+	require.Equal(t, "/dev/infiniband/uverbs45", last.CharDevices[0])
+
+	storage := dev(t, s, "0000:aa:00.1")
+	require.Equal(t, "Ethernet", storage.LinkType)
+	require.Equal(t, "enp170s0f1np1", storage.Netdev)
+	require.Equal(t, 8, storage.TotalVFs)
+	require.Equal(t, 0, storage.NumVFs)
+	for _, d := range s.Devices {
+		require.NotEqual(t, "8086", d.Vendor, "Intel functions are not ours")
+	}
+}
+
+func TestScanEdge(t *testing.T) {
+	s := scan(t, "edge")
+	addrs := []string{}
+	for _, d := range s.Devices {
+		addrs = append(addrs, d.PCIAddress)
+	}
+	// The 15b3 bridge and BlueField management function are not NICs; the
+	// Intel NIC is not Mellanox.
+	require.Equal(t, []string{"0000:86:00.0", "0000:86:00.1", "0000:86:00.2", "0000:86:00.3", "0000:86:00.4",
+		"0000:af:00.0", "0000:af:00.1", "0000:af:00.2", "0000:af:00.3"}, addrs)
+
+	vfio := dev(t, s, "0000:86:00.1")
+	require.True(t, vfio.IsVFIO())
+	require.Equal(t, []string{"/dev/vfio/vfio", "/dev/vfio/71"}, vfio.VFIODevices)
+	require.Empty(t, vfio.Netdev)
+	require.Empty(t, vfio.RDMADevice)
+	require.Equal(t, "ibp134s0", vfio.PFNetdev)
+	require.Equal(t, -1, vfio.NUMANode)
+
+	unbound := dev(t, s, "0000:86:00.2")
+	require.Empty(t, unbound.Driver)
+	require.Empty(t, unbound.CharDevices)
+
+	noRDMA := dev(t, s, "0000:86:00.4")
+	require.Equal(t, "ibp134s0v3", noRDMA.Netdev)
+	require.Empty(t, noRDMA.RDMADevice)
+	require.Empty(t, noRDMA.LinkType)
+
+	sw := dev(t, s, "0000:af:00.0")
+	require.Equal(t, "enp175s0f0np0", sw.Netdev, "representors are not the PF's netdev")
+	require.Equal(t, "mlx5_1", sw.RDMADevice)
+
+	require.Contains(t, s.Warnings, "0000:86:00.2: no driver bound")
+	require.Contains(t, s.Warnings, "0000:86:00.4: no RDMA device (is mlx5_ib loaded?)")
+}
+
+func TestDeviceOne(t *testing.T) {
+	sc := sriov.NewScanner(root("roce-cx6dx"))
+	d, err := sc.Device("0000:3b:01.3")
+	require.NoError(t, err)
+	require.Equal(t, "0000:3b:00.1", d.PFAddress)
+	require.Equal(t, 1, d.VFIndex)
+	require.Equal(t, "ens1f1v1", d.Netdev)
+	require.Equal(t, "ens1f1np1", d.PFNetdev)
+	require.Equal(t, "Ethernet", d.LinkType)
+	require.Equal(t, "mlx5_7", d.RDMADevice)
+
+	_, err = sc.Device("0000:3a:00.0")
+	require.ErrorContains(t, err, "not a Mellanox NIC function")
+	_, err = sc.Device("0000:3b:00.1/../..")
+	require.ErrorContains(t, err, "not a PCI address")
+}
