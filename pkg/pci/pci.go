@@ -7,14 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 )
 
 // VendorMellanox is the PCI vendor ID of Mellanox/NVIDIA networking.
@@ -50,6 +50,8 @@ type Function struct {
 	RootComplex string
 	// SysfsPath is the resolved directory of the function under the root.
 	SysfsPath string
+
+	numaRead bool
 }
 
 // IsVF reports whether f is an SR-IOV virtual function.
@@ -90,14 +92,15 @@ func ValidAddress(s string) bool {
 type Scanner struct {
 	root string
 	sys  string
-	// Workers bounds the parallel reads of a scan (default GOMAXPROCS).
+	// workers bounds the parallel reads of a scan.
 	workers int
 }
 
 // Option configures a Scanner.
 type Option func(*Scanner)
 
-// WithWorkers sets how many functions are read in parallel.
+// WithWorkers sets how many functions are read in parallel (default two
+// per CPU).
 func WithWorkers(n int) Option { return func(s *Scanner) { s.workers = n } }
 
 // New returns a Scanner reading <root>/sys. root "" means "/".
@@ -105,7 +108,9 @@ func New(root string, opts ...Option) *Scanner {
 	if root == "" {
 		root = "/"
 	}
-	s := &Scanner{root: root, sys: filepath.Join(root, "sys"), workers: runtime.GOMAXPROCS(0)}
+	// sysfs reads block in the kernel often enough that two workers per
+	// CPU keep the CPUs busy.
+	s := &Scanner{root: root, sys: filepath.Join(root, "sys"), workers: 2 * runtime.GOMAXPROCS(0)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -124,17 +129,31 @@ func (s *Scanner) devicesDir() string { return filepath.Join(s.sys, "bus", "pci"
 // sorted by address. PF↔VF relations come from one pass over the PFs'
 // virtfnN links; VFs with an unknown NUMA node take their PF's.
 func (s *Scanner) Scan(keep func(vendor string) bool) ([]Function, error) {
-	entries, err := os.ReadDir(s.devicesDir())
+	return s.ScanEach(keep, nil)
+}
+
+// Visitor is called for each kept function while its sysfs directory is
+// open, from parallel workers: it may read more below dir but must not
+// keep it.
+type Visitor func(f *Function, dir sysfs.Dir) error
+
+// ScanEach is Scan calling visit (when not nil) for each kept function.
+func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Function, error) {
+	bus, err := sysfs.Open(s.devicesDir())
+	if err != nil {
+		return nil, fmt.Errorf("list pci devices: %w", err)
+	}
+	defer bus.Close()
+	entries, err := bus.List(".")
 	if err != nil {
 		return nil, fmt.Errorf("list pci devices: %w", err)
 	}
 	addrs := make([]string, 0, len(entries))
 	for _, e := range entries {
-		if ValidAddress(e.Name()) {
-			addrs = append(addrs, e.Name())
+		if ValidAddress(e) {
+			addrs = append(addrs, e)
 		}
 	}
-	sort.Strings(addrs)
 	fns := make([]*Function, len(addrs))
 	errs := make([]error, len(addrs))
 	var wg sync.WaitGroup
@@ -144,7 +163,7 @@ func (s *Scanner) Scan(keep func(vendor string) bool) ([]Function, error) {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				fns[i], errs[i] = s.read(addrs[i], keep)
+				fns[i], errs[i] = s.read(bus, addrs[i], keep, visit, false)
 			}
 		}()
 	}
@@ -185,6 +204,17 @@ func (s *Scanner) Scan(keep func(vendor string) bool) ([]Function, error) {
 			}
 		}
 	}
+	for i := range out {
+		f := &out[i]
+		if f.numaRead || f.NUMANode >= 0 {
+			continue
+		}
+		// Not a VF of a PF we saw, or its PF does not know: ask the
+		// function itself.
+		if n, err := readInt(bus, f.Address+"/numa_node"); err == nil && n >= 0 {
+			f.NUMANode = n
+		}
+	}
 	return out, nil
 }
 
@@ -194,19 +224,27 @@ func (s *Scanner) Function(addr string) (Function, error) {
 	if !ValidAddress(addr) {
 		return Function{}, fmt.Errorf("pci %q: not a PCI address (want DDDD:BB:DD.F)", addr)
 	}
-	f, err := s.read(addr, nil)
+	bus, err := sysfs.Open(s.devicesDir())
+	if err != nil {
+		return Function{}, fmt.Errorf("pci %s: %w", addr, err)
+	}
+	defer bus.Close()
+	f, err := s.read(bus, addr, nil, nil, true)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return Function{}, fmt.Errorf("pci %s: %w", addr, ErrNotFound)
 		}
 		return Function{}, err
 	}
-	pfLink, err := os.Readlink(filepath.Join(f.SysfsPath, "physfn"))
+	pfLink, err := bus.Readlink(addr + "/physfn")
 	if err != nil {
 		return *f, nil // not a VF
 	}
 	pfAddr := filepath.Base(pfLink)
-	pf, err := s.read(pfAddr, nil)
+	if !ValidAddress(pfAddr) {
+		return Function{}, fmt.Errorf("pci %s: physfn -> %q is not a PCI function", addr, pfLink)
+	}
+	pf, err := s.read(bus, pfAddr, nil, nil, true)
 	if err != nil {
 		return Function{}, fmt.Errorf("pci %s: read its PF %s: %w", addr, pfAddr, err)
 	}
@@ -223,73 +261,96 @@ func (s *Scanner) Function(addr string) (Function, error) {
 }
 
 // read reads one function; it returns nil, nil when keep rejects its vendor.
-func (s *Scanner) read(addr string, keep func(string) bool) (*Function, error) {
-	link := filepath.Join(s.devicesDir(), addr)
-	target, err := os.Readlink(link)
+//
+// A scan (full false) skips what it can infer later or rarely needs: the
+// NUMA node of a function without SR-IOV capability (a VF takes its PF's;
+// Scan reads the rest afterwards) and the IOMMU group of a function not
+// bound to vfio-pci.
+func (s *Scanner) read(bus sysfs.Dir, addr string, keep func(string) bool, visit Visitor, full bool) (*Function, error) {
+	target, err := bus.Readlink(addr)
 	if err != nil {
 		return nil, fmt.Errorf("pci %s: %w", addr, err)
 	}
-	dir := filepath.Join(filepath.Dir(link), target)
-	if !strings.HasPrefix(dir, filepath.Join(s.sys, "devices")+string(filepath.Separator)) {
+	path := filepath.Join(bus.Path, target)
+	if !strings.HasPrefix(path, filepath.Join(s.sys, "devices")+string(filepath.Separator)) {
 		return nil, fmt.Errorf("pci %s: %s points outside %s/devices", addr, target, s.sys)
 	}
-	vendor, err := readHex(filepath.Join(dir, "vendor"))
+	dir, err := bus.Sub(addr)
 	if err != nil {
-		return nil, fmt.Errorf("pci %s: read vendor: %w", addr, err)
+		return nil, fmt.Errorf("pci %s: %w", addr, err)
 	}
-	if keep != nil && !keep(vendor) {
+	defer dir.Close()
+	f := &Function{Address: addr, VFIndex: -1, NUMANode: -1, SysfsPath: path}
+	// uevent carries vendor, device, class and driver in one read; a tree
+	// without it (or with a partial one) is read attribute by attribute.
+	if !f.fromUevent(dir) {
+		if f.Vendor, err = readHex(dir, "vendor"); err != nil {
+			return nil, fmt.Errorf("pci %s: read vendor: %w", addr, err)
+		}
+		if keep != nil && !keep(f.Vendor) {
+			return nil, nil
+		}
+		if f.Device, err = readHex(dir, "device"); err != nil {
+			return nil, fmt.Errorf("pci %s: read device: %w", addr, err)
+		}
+		if f.Class, err = readClass(dir); err != nil {
+			return nil, fmt.Errorf("pci %s: read class: %w", addr, err)
+		}
+		if drv, err := dir.Readlink("driver"); err == nil {
+			f.Driver = filepath.Base(drv)
+		}
+	}
+	if keep != nil && !keep(f.Vendor) {
 		return nil, nil
 	}
-	f := &Function{Address: addr, Vendor: vendor, VFIndex: -1, NUMANode: -1, SysfsPath: dir}
-	if f.Device, err = readHex(filepath.Join(dir, "device")); err != nil {
-		return nil, fmt.Errorf("pci %s: read device: %w", addr, err)
+	if f.Driver == "vfio-pci" || full {
+		if g, err := dir.Readlink("iommu_group"); err == nil {
+			f.IOMMUGroup = filepath.Base(g)
+		}
 	}
-	class, err := ReadString(filepath.Join(dir, "class"))
-	if err != nil {
-		return nil, fmt.Errorf("pci %s: read class: %w", addr, err)
+	f.Bridges, f.RootComplex = upstream(s.sys, path)
+	total, err := readInt(dir, "sriov_totalvfs")
+	if err == nil || full {
+		// A PF, or a function that cannot be a VF of a kept PF: its own
+		// numa_node. A VF's is taken from its PF once relations are
+		// known (the kernel gives VFs their PF's node), see Scan.
+		if n, err := readInt(dir, "numa_node"); err == nil && n >= 0 {
+			f.NUMANode = n
+		}
+		f.numaRead = true
 	}
-	f.Class = strings.ToLower(class)
-	if n, err := ReadInt(filepath.Join(dir, "numa_node")); err == nil && n >= 0 {
-		f.NUMANode = n
-	}
-	if drv, err := os.Readlink(filepath.Join(dir, "driver")); err == nil {
-		f.Driver = filepath.Base(drv)
-	}
-	if g, err := os.Readlink(filepath.Join(dir, "iommu_group")); err == nil {
-		f.IOMMUGroup = filepath.Base(g)
-	}
-	f.Bridges, f.RootComplex = upstream(s.sys, dir)
-	if total, err := ReadInt(filepath.Join(dir, "sriov_totalvfs")); err == nil {
+	if err == nil {
 		f.TotalVFs = total
-		f.NumVFs, _ = ReadInt(filepath.Join(dir, "sriov_numvfs"))
+		f.NumVFs, _ = readInt(dir, "sriov_numvfs")
 		for i := 0; i < f.NumVFs; i++ {
-			vf, err := os.Readlink(filepath.Join(dir, "virtfn"+strconv.Itoa(i)))
+			vf, err := dir.Readlink("virtfn" + strconv.Itoa(i))
 			if err != nil {
 				break // VFs being disabled right now; take what is there
 			}
 			f.VFs = append(f.VFs, filepath.Base(vf))
 		}
 	}
-	if err := s.readNetdevs(f, dir); err != nil {
+	if err := readNetdevs(f, dir); err != nil {
 		return nil, fmt.Errorf("pci %s: %w", addr, err)
+	}
+	if visit != nil {
+		if err := visit(f, dir); err != nil {
+			return nil, err
+		}
 	}
 	return f, nil
 }
 
-func (s *Scanner) readNetdevs(f *Function, dir string) error {
-	entries, err := os.ReadDir(filepath.Join(dir, "net"))
+func readNetdevs(f *Function, dir sysfs.Dir) error {
+	names, err := dir.List("net")
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
 		return fmt.Errorf("list netdevs: %w", err)
 	}
-	for _, e := range entries {
-		name := e.Name()
-		// Only a function that has representors (a switchdev PF) pays for
-		// reading phys_port_name; on VFs the driver has none.
-		if f.TotalVFs > 0 || len(entries) > 1 {
-			if ppn, err := ReadString(filepath.Join(dir, "net", name, "phys_port_name")); err == nil && IsRepresentor(ppn) {
+	for _, name := range names {
+		// Only an SR-IOV PF or a function with several netdevs can carry
+		// switchdev representors; the others skip reading phys_port_name.
+		if f.TotalVFs > 0 || len(names) > 1 {
+			if ppn, err := dir.Read("net/" + name + "/phys_port_name"); err == nil && IsRepresentor(string(ppn)) {
 				f.Representors = append(f.Representors, name)
 				continue
 			}

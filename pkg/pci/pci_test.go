@@ -166,9 +166,15 @@ func TestScanErrors(t *testing.T) {
 	// Garbage in an ID file is an error naming the file.
 	root = t.TempDir()
 	require.NoError(t, fixture.Generate(root, 1, 0))
-	require.NoError(t, os.WriteFile(filepath.Join(root, "sys/bus/pci/devices/0000:10:00.0/vendor"), []byte("zzzz\n"), 0o644))
+	dev := filepath.Join(root, "sys/bus/pci/devices/0000:10:00.0")
+	require.NoError(t, os.WriteFile(filepath.Join(dev, "uevent"), []byte("PCI_ID=zz\n"), 0o644))
+	fns, err := pci.New(root).Scan(nil)
+	require.NoError(t, err, "a uevent without usable IDs falls back to the attributes")
+	require.Equal(t, "1021", byAddr(t, fns)["0000:10:00.0"].Device)
+	require.NoError(t, os.WriteFile(filepath.Join(dev, "vendor"), []byte("zzzz\n"), 0o644))
 	_, err = pci.New(root).Scan(nil)
 	require.ErrorContains(t, err, "vendor")
+	require.ErrorContains(t, err, "zzzz")
 }
 
 func TestNamesFallBackToHex(t *testing.T) {

@@ -1,56 +1,24 @@
 package pci
 
 import (
-	"bytes"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
-	"syscall"
+
+	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 )
 
-// readSmall reads a small sysfs attribute with one open, one read and one
-// close: sysfs hands out an attribute in a single read of at most a page,
-// and a scan reads thousands of them.
-func readSmall(path string) ([]byte, error) {
-	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-	for err == syscall.EINTR {
-		fd, err = syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-	}
-	if err != nil {
-		return nil, &pathError{"open", path, err}
-	}
-	defer syscall.Close(fd)
-	buf := make([]byte, 256)
-	n, err := syscall.Read(fd, buf)
-	for err == syscall.EINTR {
-		n, err = syscall.Read(fd, buf)
-	}
-	if err != nil {
-		return nil, &pathError{"read", path, err}
-	}
-	return bytes.TrimSpace(buf[:n]), nil
-}
-
-// pathError is fs.PathError without the import cycle of wrapping twice; it
-// unwraps to the errno so errors.Is(err, fs.ErrNotExist) works.
-type pathError struct {
-	op, path string
-	err      error
-}
-
-func (e *pathError) Error() string { return e.op + " " + e.path + ": " + e.err.Error() }
-func (e *pathError) Unwrap() error { return e.err }
-
-// ReadString reads a sysfs attribute, trimmed.
+// ReadString reads a sysfs attribute at path, trimmed.
 func ReadString(path string) (string, error) {
-	b, err := readSmall(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", err
 	}
-	return string(b), nil
+	return strings.TrimSpace(string(b)), nil
 }
 
-// ReadInt reads a decimal sysfs attribute.
+// ReadInt reads a decimal sysfs attribute at path.
 func ReadInt(path string) (int, error) {
 	s, err := ReadString(path)
 	if err != nil {
@@ -63,19 +31,98 @@ func ReadInt(path string) (int, error) {
 	return n, nil
 }
 
+func readInt(d sysfs.Dir, name string) (int, error) {
+	b, err := d.Read(name)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(string(b))
+	if err != nil {
+		return 0, fmt.Errorf("%s/%s: not a number: %q", d.Path, name, b)
+	}
+	return n, nil
+}
+
 // readHex reads an ID attribute such as vendor ("0x15b3") and returns the
 // four lower-case hex digits.
-func readHex(path string) (string, error) {
-	s, err := ReadString(path)
+func readHex(d sysfs.Dir, name string) (string, error) {
+	b, err := d.Read(name)
 	if err != nil {
 		return "", err
 	}
-	id := strings.ToLower(strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X"))
-	if len(id) != 4 {
-		return "", fmt.Errorf("%s: not a 16-bit hex ID: %q", path, s)
-	}
-	if _, err := strconv.ParseUint(id, 16, 16); err != nil {
-		return "", fmt.Errorf("%s: not a 16-bit hex ID: %q", path, s)
+	id, ok := hexDigits(string(b), 4)
+	if !ok {
+		return "", fmt.Errorf("%s/%s: not a 16-bit hex ID: %q", d.Path, name, b)
 	}
 	return id, nil
+}
+
+// readClass reads the class attribute ("0x020700") in that exact form.
+func readClass(d sysfs.Dir) (string, error) {
+	b, err := d.Read("class")
+	if err != nil {
+		return "", err
+	}
+	id, ok := hexDigits(string(b), 6)
+	if !ok {
+		return "", fmt.Errorf("%s/class: not a 24-bit class code: %q", d.Path, b)
+	}
+	return "0x" + id, nil
+}
+
+func hexDigits(s string, n int) (string, bool) {
+	s = strings.ToLower(strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X"))
+	if len(s) != n {
+		return "", false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return "", false
+		}
+	}
+	return s, true
+}
+
+// fromUevent fills vendor, device, class and driver from the function's
+// uevent attribute (PCI_ID=15B3:101E, PCI_CLASS=20700, DRIVER=mlx5_core),
+// the kernel's own one-read summary. It reports false when uevent is
+// missing or lacks the IDs, and the caller reads the single attributes.
+func (f *Function) fromUevent(d sysfs.Dir) bool {
+	b, err := d.Read("uevent")
+	if err != nil {
+		return false
+	}
+	var id, class, driver string
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "PCI_ID":
+			id = v
+		case "PCI_CLASS":
+			class = v
+		case "DRIVER":
+			driver = v
+		}
+	}
+	vendor, device, ok := strings.Cut(id, ":")
+	if !ok {
+		return false
+	}
+	if vendor, ok = hexDigits(vendor, 4); !ok {
+		return false
+	}
+	if device, ok = hexDigits(device, 4); !ok {
+		return false
+	}
+	if len(class) < 6 {
+		class = strings.Repeat("0", 6-len(class)) + class
+	}
+	if class, ok = hexDigits(class, 6); !ok {
+		return false
+	}
+	f.Vendor, f.Device, f.Class, f.Driver = vendor, device, "0x"+class, driver
+	return true
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 )
 
@@ -94,12 +95,39 @@ func (r *Reader) Devices(addr string) ([]Device, error) {
 }
 
 // DevicesAt returns the RDMA devices of the PCI function whose sysfs
-// directory is dir: <dir>/infiniband/*, with the uverbs devices of
-// <dir>/infiniband_verbs/* and the umad/issm devices of
-// <dir>/infiniband_mad/* matched to them by their ibdev attribute (the N
-// of uverbsN is not the N of mlx5_N). A function without RDMA has none.
+// directory is dir. See DevicesIn.
 func (r *Reader) DevicesAt(dir string) ([]Device, error) {
-	names, err := readDirNames(filepath.Join(dir, "infiniband"))
+	d, err := sysfs.Open(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("rdma: %w", err)
+		}
+		return nil, err
+	}
+	defer d.Close()
+	return r.DevicesIn(d)
+}
+
+// DevicesIn returns the RDMA devices of the PCI function whose sysfs
+// directory is open as dir: <dir>/infiniband/*, with the uverbs devices of
+// <dir>/infiniband_verbs/* and the umad/issm devices of <dir>/infiniband_mad/*
+// (the kernel parents them on the PCI function too) matched to them by
+// their ibdev attribute — the N of uverbsN is not the N of mlx5_N. Where
+// the function has a single device with a single port, membership alone
+// decides and the ibdev/port files are not read. A function without RDMA
+// has none.
+func (r *Reader) DevicesIn(dir sysfs.Dir) ([]Device, error) {
+	return devicesIn(dir, true)
+}
+
+// DevicesForScan is DevicesIn without the ports' state, which a node scan
+// does not need (health follows netlink, PortState reads it on demand).
+func (r *Reader) DevicesForScan(dir sysfs.Dir) ([]Device, error) {
+	return devicesIn(dir, false)
+}
+
+func devicesIn(dir sysfs.Dir, withState bool) ([]Device, error) {
+	names, err := dir.List("infiniband")
 	if err != nil || len(names) == 0 {
 		return nil, err
 	}
@@ -108,14 +136,15 @@ func (r *Reader) DevicesAt(dir string) ([]Device, error) {
 	for i, n := range names {
 		devs[i].Name = n
 		byName[n] = &devs[i]
-		ports, err := r.ports(filepath.Join(dir, "infiniband", n))
+		ports, err := readPorts(dir, "infiniband/"+n, withState)
 		if err != nil {
 			return nil, fmt.Errorf("rdma %s: %w", n, err)
 		}
 		devs[i].Ports = ports
 	}
+	single := len(devs) == 1
 	for _, class := range []string{"infiniband_verbs", "infiniband_mad"} {
-		entries, err := readDirNames(filepath.Join(dir, class))
+		entries, err := dir.List(class)
 		if err != nil {
 			return nil, err
 		}
@@ -124,17 +153,24 @@ func (r *Reader) DevicesAt(dir string) ([]Device, error) {
 			if kind != KindUverbs && kind != KindUmad && kind != KindIssm || kind == e {
 				continue
 			}
-			ibdev, err := pci.ReadString(filepath.Join(dir, class, e, "ibdev"))
-			if err != nil {
-				continue // being removed
-			}
-			d, ok := byName[ibdev]
-			if !ok {
-				continue
+			d := &devs[0]
+			if !single {
+				ibdev, err := dir.Read(class + "/" + e + "/ibdev")
+				if err != nil {
+					continue // being removed
+				}
+				var ok bool
+				if d, ok = byName[string(ibdev)]; !ok {
+					continue
+				}
 			}
 			cd := CharDevice{Kind: kind, Name: e, Path: DevDir + "/" + e}
 			if kind != KindUverbs {
-				cd.Port, _ = pci.ReadInt(filepath.Join(dir, class, e, "port"))
+				if len(d.Ports) == 1 {
+					cd.Port = d.Ports[0].Number
+				} else if p, err := dir.Read(class + "/" + e + "/port"); err == nil {
+					cd.Port, _ = strconv.Atoi(string(p))
+				}
 			}
 			d.CharDevices = append(d.CharDevices, cd)
 		}
@@ -155,26 +191,28 @@ func sortCharDevices(c []CharDevice) {
 	})
 }
 
-func (r *Reader) ports(devDir string) ([]Port, error) {
-	names, err := readDirNames(filepath.Join(devDir, "ports"))
-	if err != nil {
-		return nil, err
-	}
+// readPorts reads the ports of dev (a path below dir). Ports of a channel
+// adapter are numbered from 1: reading 1, 2, … until one is missing saves
+// listing the directory. withState also reads each port's state.
+func readPorts(dir sysfs.Dir, dev string, withState bool) ([]Port, error) {
 	var ports []Port
-	for _, n := range names {
-		num, err := strconv.Atoi(n)
+	for n := 1; ; n++ {
+		p := dev + "/ports/" + strconv.Itoa(n)
+		ll, err := dir.Read(p + "/link_layer")
+		if errors.Is(err, fs.ErrNotExist) {
+			return ports, nil
+		}
 		if err != nil {
-			continue
+			return nil, err
 		}
-		p := Port{Number: num}
-		p.LinkLayer, _ = pci.ReadString(filepath.Join(devDir, "ports", n, "link_layer"))
-		if st, err := pci.ReadString(filepath.Join(devDir, "ports", n, "state")); err == nil {
-			p.State = stateName(st)
+		port := Port{Number: n, LinkLayer: string(ll)}
+		if withState {
+			if st, err := dir.Read(p + "/state"); err == nil {
+				port.State = stateName(string(st))
+			}
 		}
-		ports = append(ports, p)
+		ports = append(ports, port)
 	}
-	sort.Slice(ports, func(i, j int) bool { return ports[i].Number < ports[j].Number })
-	return ports, nil
 }
 
 // stateName turns "4: ACTIVE" into "ACTIVE".
@@ -305,4 +343,38 @@ func readDirNames(dir string) ([]string, error) {
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// ClassCharDevices maps ib device names to their char devices as listed in
+// <root>/sys/class/infiniband_verbs and infiniband_mad (each entry's ibdev
+// and port attributes). Discovery reads the PCI function's own directories
+// first; this is the fallback for layouts that only show the class view.
+func (r *Reader) ClassCharDevices() (map[string][]CharDevice, error) {
+	out := map[string][]CharDevice{}
+	for _, class := range []string{"infiniband_verbs", "infiniband_mad"} {
+		dir := filepath.Join(r.sys, "class", class)
+		names, err := readDirNames(dir)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range names {
+			kind := strings.TrimRight(e, "0123456789")
+			if kind != KindUverbs && kind != KindUmad && kind != KindIssm || kind == e {
+				continue
+			}
+			ibdev, err := pci.ReadString(filepath.Join(dir, e, "ibdev"))
+			if err != nil {
+				continue
+			}
+			cd := CharDevice{Kind: kind, Name: e, Path: DevDir + "/" + e}
+			if kind != KindUverbs {
+				cd.Port, _ = pci.ReadInt(filepath.Join(dir, e, "port"))
+			}
+			out[ibdev] = append(out[ibdev], cd)
+		}
+	}
+	for k := range out {
+		sortCharDevices(out[k])
+	}
+	return out, nil
 }

@@ -31,9 +31,8 @@ type Device struct {
 	// CharDevices are the RDMA char devices that belong to RDMADevice
 	// (uverbsN, umadN, issmN) plus the node's rdma_cm, host paths.
 	CharDevices []string `json:"charDevices"`
-	// IOMMUGroup is set for every function with an iommu_group link;
-	// VFIODevices is set for functions bound to vfio-pci:
-	// /dev/vfio/vfio and /dev/vfio/<group>.
+	// IOMMUGroup and VFIODevices (/dev/vfio/vfio and /dev/vfio/<group>)
+	// are set for functions bound to vfio-pci.
 	IOMMUGroup  string   `json:"iommuGroup,omitempty"`
 	VFIODevices []string `json:"vfioDevices,omitempty"`
 	// UpstreamBridges are the PCI bridges above the function, nearest first;

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 
+	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
@@ -62,9 +64,25 @@ func (s *Scanner) RDMA() *rdma.Reader { return s.rdma }
 func isMellanox(vendor string) bool { return vendor == pci.VendorMellanox }
 
 // Scan discovers every Mellanox NIC function. It makes no netlink call:
-// everything comes from sysfs and one listing of /dev/infiniband.
+// everything comes from sysfs and one listing of /dev/infiniband. The RDMA
+// devices of each function are read while its directory is open, in the
+// PCI scan's parallel workers.
 func (s *Scanner) Scan() (*Snapshot, error) {
-	fns, err := s.pci.Scan(isMellanox)
+	var mu sync.Mutex // guards rdmaOf
+	rdmaOf := map[string][]rdma.Device{}
+	fns, err := s.pci.ScanEach(isMellanox, func(f *pci.Function, dir sysfs.Dir) error {
+		if !f.IsNIC() || f.Driver == "" || f.Driver == "vfio-pci" {
+			return nil
+		}
+		devs, err := s.rdma.DevicesForScan(dir)
+		if err != nil {
+			return fmt.Errorf("pci %s: %w", f.Address, err)
+		}
+		mu.Lock()
+		rdmaOf[f.Address] = devs
+		mu.Unlock()
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -77,6 +95,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	for i := range fns {
 		byAddr[fns[i].Address] = &fns[i]
 	}
+	var class map[string][]rdma.CharDevice
 	for i := range fns {
 		f := &fns[i]
 		if !f.IsNIC() {
@@ -86,10 +105,16 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		if f.IsVF() {
 			pf = byAddr[f.PhysFn]
 		}
-		d, warns, err := s.device(f, pf, nodes)
-		if err != nil {
-			return nil, err
+		devs := rdmaOf[f.Address]
+		if len(devs) > 0 && len(devs[0].CharDevices) == 0 {
+			if class == nil {
+				if class, err = s.rdma.ClassCharDevices(); err != nil {
+					return nil, err
+				}
+			}
+			devs[0].CharDevices = class[devs[0].Name]
 		}
+		d, warns := s.device(f, pf, devs, nodes)
 		snap.Devices = append(snap.Devices, d)
 		snap.Warnings = append(snap.Warnings, warns...)
 	}
@@ -114,20 +139,33 @@ func (s *Scanner) Device(addr string) (Device, error) {
 		}
 		pf = &p
 	}
+	var devs []rdma.Device
+	if f.Driver != "" && f.Driver != "vfio-pci" {
+		if devs, err = s.rdma.DevicesAt(f.SysfsPath); err != nil {
+			return Device{}, fmt.Errorf("pci %s: %w", addr, err)
+		}
+		if len(devs) > 0 && len(devs[0].CharDevices) == 0 {
+			class, err := s.rdma.ClassCharDevices()
+			if err != nil {
+				return Device{}, err
+			}
+			devs[0].CharDevices = class[devs[0].Name]
+		}
+	}
 	nodes, err := s.rdma.DevNodes()
 	if err != nil {
 		return Device{}, err
 	}
-	d, _, err := s.device(&f, pf, nodes)
-	return d, err
+	d, _ := s.device(&f, pf, devs, nodes)
+	return d, nil
 }
 
-func (s *Scanner) device(f, pf *pci.Function, nodes map[string]bool) (Device, []string, error) {
+func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes map[string]bool) (Device, []string) {
 	d := Device{
 		PCIAddress: f.Address, Vendor: f.Vendor, DeviceID: f.Device, Class: f.Class,
 		Model: s.names.Model(f.Vendor, f.Device), Driver: f.Driver, NUMANode: f.NUMANode,
 		PFAddress: f.PhysFn, VFIndex: f.VFIndex, TotalVFs: f.TotalVFs, NumVFs: f.NumVFs,
-		IOMMUGroup: f.IOMMUGroup, UpstreamBridges: f.Bridges, RootComplex: f.RootComplex,
+		UpstreamBridges: f.Bridges, RootComplex: f.RootComplex,
 		CharDevices: []string{},
 	}
 	var warns []string
@@ -149,6 +187,7 @@ func (s *Scanner) device(f, pf *pci.Function, nodes map[string]bool) (Device, []
 	}
 	switch {
 	case f.Driver == "vfio-pci":
+		d.IOMMUGroup = f.IOMMUGroup
 		if f.IOMMUGroup == "" {
 			warn("bound to vfio-pci but has no iommu_group")
 			break
@@ -156,21 +195,17 @@ func (s *Scanner) device(f, pf *pci.Function, nodes map[string]bool) (Device, []
 		for _, p := range []string{"/dev/vfio/vfio", "/dev/vfio/" + f.IOMMUGroup} {
 			d.VFIODevices = append(d.VFIODevices, p)
 		}
-		return d, warns, nil
+		return d, warns
 	case f.Driver == "":
 		warn("no driver bound")
-		return d, warns, nil
+		return d, warns
 	}
 	if d.Netdev == "" {
 		warn("no netdev")
 	}
-	devs, err := s.rdma.DevicesAt(f.SysfsPath)
-	if err != nil {
-		return Device{}, nil, fmt.Errorf("pci %s: %w", f.Address, err)
-	}
 	if len(devs) == 0 {
 		warn("no RDMA device (is mlx5_ib loaded?)")
-		return d, warns, nil
+		return d, warns
 	}
 	if len(devs) > 1 {
 		var names []string
@@ -199,5 +234,5 @@ func (s *Scanner) device(f, pf *pci.Function, nodes map[string]bool) (Device, []
 	} else {
 		warn("%s missing (is rdma_ucm loaded?)", rdma.RDMACMPath)
 	}
-	return d, warns, nil
+	return d, warns
 }

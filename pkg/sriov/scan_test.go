@@ -34,8 +34,7 @@ func TestScanDGX(t *testing.T) {
 		PCIAddress: "0000:18:00.1", Vendor: "15b3", DeviceID: "101e", Class: "0x020700", Model: "15b3:101e",
 		Driver: "mlx5_core", NUMANode: 0, PFAddress: "0000:18:00.0", VFIndex: 0,
 		Netdev: "ibp24s0v0", PFNetdev: "ibp24s0", LinkType: "InfiniBand", RDMADevice: "mlx5_12",
-		CharDevices: []string{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"},
-		IOMMUGroup:      "42",
+		CharDevices:     []string{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"},
 		UpstreamBridges: []string{"0000:17:00.0", "0000:16:00.0", "0000:15:01.0"}, RootComplex: "pci0000:15",
 	}, dev(t, s, "0000:18:00.1"))
 
