@@ -1,0 +1,171 @@
+package pool
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+)
+
+// Pool is a resource and the functions that back it: VFs for an exclusive
+// pool, HCAs for a shared one.
+type Pool struct {
+	Resource
+	Devices []sriov.Device
+}
+
+// Capacity is how many devices the pool advertises to the kubelet: one per
+// VF for an exclusive pool, RdmaHcaMax for a shared pool that has HCAs.
+func (p *Pool) Capacity() int {
+	if p.Kind == Shared {
+		if len(p.Devices) == 0 {
+			return 0
+		}
+		return p.RdmaHcaMax
+	}
+	return len(p.Devices)
+}
+
+// Build assigns devices (a discovery snapshot, sorted by PCI address) to
+// the config's pools, in config order. An exclusive pool takes bound
+// functions that are not PFs with VFs; a function goes to the first
+// exclusive pool that selects it. A shared pool takes functions with an
+// RDMA device that no exclusive pool holds: a pod that owns a VF must not
+// share its RDMA device. What was matched but left out is a warning.
+func Build(cfg *Config, devices []sriov.Device) ([]Pool, []string) {
+	var warns []string
+	pools := make([]Pool, len(cfg.Resources))
+	owner := map[string]string{} // PCI address → exclusive resource
+	for i := range cfg.Resources {
+		r := &cfg.Resources[i]
+		pools[i] = Pool{Resource: *r, Devices: []sriov.Device{}}
+		if r.Kind != Exclusive {
+			continue
+		}
+		taken := map[string][]string{} // earlier resource → addresses it already holds
+		var takenOrder []string
+		for _, d := range devices {
+			if !r.matches(&d) {
+				continue
+			}
+			switch {
+			case !d.IsVF() && d.NumVFs > 0:
+				continue // a PF whose VFs are in use is not handed out whole
+			case d.Driver == "":
+				warns = append(warns, fmt.Sprintf("%s: %s is selected but bound to no driver: left out (bind it to mlx5_core or vfio-pci)", r.ResourceName(), d.PCIAddress))
+				continue
+			}
+			if prev, ok := owner[d.PCIAddress]; ok {
+				if taken[prev] == nil {
+					takenOrder = append(takenOrder, prev)
+				}
+				taken[prev] = append(taken[prev], d.PCIAddress)
+				continue
+			}
+			owner[d.PCIAddress] = r.ResourceName()
+			pools[i].Devices = append(pools[i].Devices, d)
+		}
+		for _, prev := range takenOrder {
+			warns = append(warns, fmt.Sprintf("%s: %d selected functions are already in %s (the first pool that selects a function gets it): %s",
+				r.ResourceName(), len(taken[prev]), prev, strings.Join(taken[prev], ", ")))
+		}
+	}
+	for i := range pools {
+		p := &pools[i]
+		if p.Kind != Shared {
+			continue
+		}
+		for _, d := range devices {
+			if !p.matches(&d) {
+				continue
+			}
+			if d.RDMADevice == "" {
+				warns = append(warns, fmt.Sprintf("%s: %s is selected but has no RDMA device: left out (is mlx5_ib loaded?)", p.ResourceName(), d.PCIAddress))
+				continue
+			}
+			if prev, ok := owner[d.PCIAddress]; ok {
+				warns = append(warns, fmt.Sprintf("%s: %s is in exclusive pool %s: left out of the shared pool", p.ResourceName(), d.PCIAddress, prev))
+				continue
+			}
+			p.Devices = append(p.Devices, d)
+		}
+	}
+	for i := range pools {
+		if len(pools[i].Devices) == 0 {
+			warns = append(warns, fmt.Sprintf("%s (%s): no device matches its selectors", pools[i].ResourceName(), pools[i].Source))
+		}
+	}
+	return pools, warns
+}
+
+// matches reports whether any of r's selectors matches d.
+func (r *Resource) matches(d *sriov.Device) bool {
+	for i := range r.Selectors {
+		if r.Selectors[i].Matches(d) {
+			return true
+		}
+	}
+	return false
+}
+
+// Matches reports whether every field of s that is set matches d.
+func (s *Selector) Matches(d *sriov.Device) bool {
+	if len(s.Vendors) > 0 && !slices.Contains(s.Vendors, d.Vendor) {
+		return false
+	}
+	if len(s.Devices) > 0 && !slices.Contains(s.Devices, d.DeviceID) {
+		return false
+	}
+	if len(s.Drivers) > 0 && !slices.Contains(s.Drivers, d.Driver) {
+		return false
+	}
+	if len(s.PCIAddresses) > 0 && !slices.Contains(s.PCIAddresses, d.PCIAddress) {
+		return false
+	}
+	if len(s.IfNames) > 0 && (d.Netdev == "" || !slices.Contains(s.IfNames, d.Netdev)) {
+		return false
+	}
+	if len(s.LinkTypes) > 0 && !slices.Contains(s.LinkTypes, d.LinkType) {
+		return false
+	}
+	if s.IsRdma && d.RDMADevice == "" {
+		return false
+	}
+	if len(s.PFNames) > 0 && !inSets(s.PFNames, d, func(d *sriov.Device) string { return d.PFNetdev }) {
+		return false
+	}
+	if len(s.RootDevices) > 0 && !inSets(s.RootDevices, d, func(d *sriov.Device) string {
+		if d.IsVF() {
+			return d.PFAddress
+		}
+		return d.PCIAddress
+	}) {
+		return false
+	}
+	return true
+}
+
+// inSets reports whether d is a VF in one of sets, or the PF itself of a
+// set without a VF range.
+func inSets(sets []VFSet, d *sriov.Device, pf func(*sriov.Device) string) bool {
+	key := pf(d)
+	if key == "" {
+		return false
+	}
+	for _, set := range sets {
+		if set.PF != key {
+			continue
+		}
+		if !d.IsVF() {
+			if set.Ranges == nil {
+				return true
+			}
+			continue
+		}
+		if set.Contains(d.VFIndex) {
+			return true
+		}
+	}
+	return false
+}

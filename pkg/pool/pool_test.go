@@ -1,0 +1,253 @@
+package pool_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+)
+
+func seed(name string) string { return filepath.Join("..", "..", "testdata", "config", name) }
+
+func scan(t *testing.T, host string) []sriov.Device {
+	t.Helper()
+	snap, err := sriov.NewScanner(filepath.Join("..", "..", "testdata", "sysfs", host)).Scan()
+	require.NoError(t, err)
+	return snap.Devices
+}
+
+func addrs(p pool.Pool) []string {
+	out := []string{}
+	for _, d := range p.Devices {
+		out = append(out, d.PCIAddress)
+	}
+	return out
+}
+
+func TestLoadSeeds(t *testing.T) {
+	shared, err := pool.Load(seed("rdma-shared.json"))
+	require.NoError(t, err)
+	require.Equal(t, 300*time.Second, shared.PeriodicUpdateInterval)
+	require.Len(t, shared.Resources, 1)
+	r := shared.Resources[0]
+	require.Equal(t, "mellanox.com/hca_shared_devices_a", r.ResourceName())
+	require.Equal(t, pool.Shared, r.Kind)
+	require.Equal(t, 63, r.RdmaHcaMax)
+	require.Equal(t, []pool.Selector{{Vendors: []string{"15b3"}, Devices: []string{"1021"}, LinkTypes: []string{"InfiniBand"}}}, r.Selectors)
+
+	excl, err := pool.Load(seed("sriov-dp.json"))
+	require.NoError(t, err)
+	require.Equal(t, pool.DefaultPeriodicUpdateInterval, excl.PeriodicUpdateInterval)
+	require.Len(t, excl.Resources, 1)
+	r = excl.Resources[0]
+	require.Equal(t, "mellanox.com/mlnx_sriov_rdma", r.ResourceName())
+	require.Equal(t, pool.Exclusive, r.Kind)
+	require.Equal(t, "netDevice", r.DeviceType)
+	require.Equal(t, []pool.Selector{{Vendors: []string{"15b3"}, Devices: []string{"101e"}, Drivers: []string{"mlx5_core"}, IsRdma: true}}, r.Selectors)
+
+	both, err := pool.Load(seed("combined.json"))
+	require.NoError(t, err)
+	require.Len(t, both.Resources, 2)
+	require.Equal(t, "mellanox.com/hca_shared_devices_a", both.Resources[0].ResourceName())
+	require.Equal(t, "mellanox.com/mlnx_sriov_rdma", both.Resources[1].ResourceName())
+	require.Equal(t, pool.PolicySpread, both.Resources[1].AllocationPolicy)
+	require.Empty(t, both.Warnings)
+
+	_, err = pool.Load(seed("rail-spread.json"))
+	require.NoError(t, err)
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := pool.Load(filepath.Join(t.TempDir(), "nope.json"))
+	require.ErrorIs(t, err, pool.ErrNoConfig)
+	require.ErrorContains(t, err, "nope.json")
+}
+
+// The SR-IOV operator writes "IsRdma"; people write "ResourceName".
+func TestKeysMatchCaseInsensitively(t *testing.T) {
+	cfg, err := pool.Parse([]byte(`{"ResourceList":[{"ResourceName":"x","Selectors":{"Vendors":["15B3"],"IsRdma":true,"PFNAMES":["ens2f0#0-1"]}}]}`))
+	require.NoError(t, err)
+	sel := cfg.Resources[0].Selectors[0]
+	require.True(t, sel.IsRdma)
+	require.Equal(t, []string{"15b3"}, sel.Vendors)
+	require.Equal(t, []pool.VFSet{{PF: "ens2f0", Ranges: [][2]int{{0, 1}}}}, sel.PFNames)
+}
+
+func TestParseVariants(t *testing.T) {
+	cfg, err := pool.Parse([]byte(`{
+		"periodicUpdateInterval": "0",
+		"configList": [{"resourceName": "legacy", "rdmaHcaMax": 1000, "devices": ["ib0", "ib1"]},
+		               {"resourceName": "other.example/hcas", "rdmaHcaMax": 1, "selectors": {"ifNames": ["ens1f0np0"]}}],
+		"resourceList": [{"resourceName": "vfs", "resourcePrefix": "nvidia.com", "deviceType": "accelerator", "excludeTopology": true,
+		                  "selectors": [{"rootDevices": ["0000:86:00.0#0,2-7"]}, {"pciAddresses": ["0000:3B:00.2"], "linkTypes": ["ether"]}]}]
+	}`))
+	require.NoError(t, err)
+	require.Zero(t, cfg.PeriodicUpdateInterval)
+	require.Equal(t, []string{"ib0", "ib1"}, cfg.Resources[0].Selectors[0].IfNames)
+	require.Equal(t, "other.example/hcas", cfg.Resources[1].ResourceName())
+	r := cfg.Resources[2]
+	require.Equal(t, "nvidia.com/vfs", r.ResourceName())
+	require.Equal(t, "accelerator", r.DeviceType)
+	require.True(t, r.ExcludeTopology)
+	require.Equal(t, []pool.VFSet{{PF: "0000:86:00.0", Ranges: [][2]int{{0, 0}, {2, 7}}}}, r.Selectors[0].RootDevices)
+	require.Equal(t, []string{"0000:3b:00.2"}, r.Selectors[1].PCIAddresses)
+	require.Equal(t, []string{"Ethernet"}, r.Selectors[1].LinkTypes)
+}
+
+func TestParseErrors(t *testing.T) {
+	excl := func(sel string) string {
+		return `{"resourceList":[{"resourceName":"vfs","selectors":` + sel + `}]}`
+	}
+	tests := []struct {
+		name, config string
+		want         []string // substrings of the error
+	}{
+		{"not json", `{"resourceList": [`, []string{"invalid JSON"}},
+		{"trailing data", `{"resourceList":[]} {}`, []string{"after the top-level"}},
+		{"top not object", `[]`, []string{"config: want an object, got a list"}},
+		{"no pools", `{}`, []string{"no pools"}},
+		{"unknown top key", `{"resourcelists": []}`, []string{`unknown key "resourcelists"`, "resourceList"}},
+		{"duplicate key by case", `{"resourceList":[{"resourceName":"a","ResourceName":"b","selectors":{"isRdma":true}}]}`,
+			[]string{"resourceList[0].ResourceName: duplicate key", `"resourceName"`}},
+		{"unknown resource key", `{"resourceList":[{"resourceName":"a","selector":{}}]}`, []string{`resourceList[0]: unknown key "selector"`}},
+		{"unknown selector key", excl(`{"vendor":["15b3"]}`), []string{`resourceList[0].selectors: unknown key "vendor"`, "vendors"}},
+		{"missing name", `{"resourceList":[{"selectors":{"isRdma":true}}]}`, []string{"resourceList[0]: resourceName is required"}},
+		{"invalid name", `{"resourceList":[{"resourceName":"my pool","selectors":{"isRdma":true}}]}`, []string{`resourceList[0].resourceName: "my pool" is not a valid resource name`}},
+		{"invalid prefix", `{"resourceList":[{"resourceName":"a","resourcePrefix":"Mellanox_com","selectors":{"isRdma":true}}]}`, []string{`prefix "Mellanox_com" is not a DNS subdomain`}},
+		{"reserved prefix", `{"resourceList":[{"resourceName":"a","resourcePrefix":"kubernetes.io","selectors":{"isRdma":true}}]}`, []string{"reserved"}},
+		{"prefix twice", `{"resourceList":[{"resourceName":"x.io/a","resourcePrefix":"y.io","selectors":{"isRdma":true}}]}`, []string{"give one"}},
+		{"duplicate resource", `{"configList":[{"resourceName":"a","rdmaHcaMax":1,"selectors":{"vendors":["15b3"]}}],"resourceList":[{"resourceName":"a","selectors":{"isRdma":true}}]}`,
+			[]string{`resourceList[0]: duplicate resource "mellanox.com/a" (already defined by configList[0])`}},
+		{"rdmaHcaMax zero", `{"configList":[{"resourceName":"a","rdmaHcaMax":0,"selectors":{"vendors":["15b3"]}}]}`, []string{"configList[0].rdmaHcaMax: 0: want 1 to"}},
+		{"rdmaHcaMax missing", `{"configList":[{"resourceName":"a","selectors":{"vendors":["15b3"]}}]}`, []string{"configList[0]: rdmaHcaMax is required"}},
+		{"rdmaHcaMax not int", `{"configList":[{"resourceName":"a","rdmaHcaMax":1.5,"selectors":{"vendors":["15b3"]}}]}`, []string{`configList[0].rdmaHcaMax: "1.5" is not an integer`}},
+		{"rdmaHcaMax on exclusive", `{"resourceList":[{"resourceName":"a","rdmaHcaMax":3,"selectors":{"isRdma":true}}]}`, []string{"resourceList[0].rdmaHcaMax: rdmaHcaMax applies to configList"}},
+		{"policy on shared", `{"configList":[{"resourceName":"a","rdmaHcaMax":3,"allocationPolicy":"spread","selectors":{"vendors":["15b3"]}}]}`, []string{"configList[0].allocationPolicy"}},
+		{"bad policy", `{"resourceList":[{"resourceName":"a","allocationPolicy":"random","selectors":{"isRdma":true}}]}`, []string{`resourceList[0].allocationPolicy: "random"`}},
+		{"shared without selectors", `{"configList":[{"resourceName":"a","rdmaHcaMax":3}]}`, []string{"configList[0]: no selectors"}},
+		{"exclusive without selectors", `{"resourceList":[{"resourceName":"a"}]}`, []string{"resourceList[0]: selectors are required"}},
+		{"empty selector", excl(`{}`), []string{"resourceList[0].selectors: empty selector"}},
+		{"empty selector list", excl(`[]`), []string{"resourceList[0].selectors: empty list"}},
+		{"selector wrong type", excl(`"15b3"`), []string{"resourceList[0].selectors: want a selector object or a list"}},
+		{"bad vendor", excl(`{"vendors":["15b"]}`), []string{`resourceList[0].selectors.vendors[0]: "15b" is not a PCI ID`}},
+		{"foreign vendor", excl(`{"vendors":["8086"]}`), []string{"can never match", "15b3"}},
+		{"mlx5_ib driver", excl(`{"drivers":["mlx5_core","mlx5_ib"]}`), []string{`resourceList[0].selectors.drivers[1]: "mlx5_ib" can never match`, "mlx5_core"}},
+		{"bad pci address", excl(`{"pciAddresses":["18:00.1"]}`), []string{`pciAddresses[0]: "18:00.1" is not a PCI address`}},
+		{"reversed range", excl(`{"pfNames":["ens2f0#5-2"]}`), []string{`resourceList[0].selectors.pfNames[0]: "ens2f0#5-2"`, "reversed"}},
+		{"empty range", excl(`{"pfNames":["ens2f0#"]}`), []string{"empty VF range"}},
+		{"garbage range", excl(`{"pfNames":["ens2f0#0-x"]}`), []string{`"x" is not a VF index`}},
+		{"open range", excl(`{"pfNames":["ens2f0#3-"]}`), []string{`"" is not a VF index`}},
+		{"huge index", excl(`{"pfNames":["ens2f0#0-99999"]}`), []string{"not a VF index"}},
+		{"pci address in pfNames", excl(`{"pfNames":["0000:86:00.0#0-3"]}`), []string{"put it in rootDevices"}},
+		{"netdev in rootDevices", excl(`{"rootDevices":["ens2f0#0-3"]}`), []string{"is not a PCI address", "pfNames"}},
+		{"bad link type", excl(`{"linkTypes":["rocev2"]}`), []string{`linkTypes[0]: "rocev2": want ether or infiniband`}},
+		{"isRdma string", excl(`{"isRdma":"true"}`), []string{"selectors.isRdma: want true or false, got a string"}},
+		{"unsupported selector", excl(`{"ddpProfiles":["x"]}`), []string{"ddpProfiles", "can never match"}},
+		{"aux devices", `{"resourceList":[{"resourceName":"a","deviceType":"auxNetDevice","selectors":{"isRdma":true}}]}`, []string{"not supported"}},
+		{"negative interval", `{"periodicUpdateInterval":-1,"resourceList":[{"resourceName":"a","selectors":{"isRdma":true}}]}`, []string{"periodicUpdateInterval: -1 seconds"}},
+		{"legacy devices and ifNames", `{"configList":[{"resourceName":"a","rdmaHcaMax":1,"devices":["ib0"],"selectors":{"ifNames":["ib1"]}}]}`, []string{"not both"}},
+		{"bad ifname", `{"configList":[{"resourceName":"a","rdmaHcaMax":1,"devices":["a/b"]}]}`, []string{`configList[0].devices[0]: "a/b" is not an interface name`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := pool.Parse([]byte(tt.config))
+			require.Error(t, err)
+			for _, w := range tt.want {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestBuildDGX(t *testing.T) {
+	devs := scan(t, "dgx-h100")
+	cfg, err := pool.Load(seed("combined.json"))
+	require.NoError(t, err)
+	pools, warns := pool.Build(cfg, devs)
+	require.Empty(t, warns)
+	require.Len(t, pools, 2)
+
+	shared := pools[0]
+	require.Equal(t, pool.Shared, shared.Kind)
+	require.Equal(t, []string{"0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0",
+		"0000:9a:00.0", "0000:c0:00.0", "0000:ce:00.0", "0000:dc:00.0"}, addrs(shared),
+		"the IB PFs, not the Ethernet storage NICs with the same device ID")
+	require.Equal(t, 63, shared.Capacity())
+
+	excl := pools[1]
+	require.Equal(t, pool.Exclusive, excl.Kind)
+	require.Len(t, excl.Devices, 32)
+	require.Equal(t, 32, excl.Capacity())
+	for _, d := range excl.Devices {
+		require.True(t, d.IsVF(), d.PCIAddress)
+		require.NotEmpty(t, d.RDMADevice, d.PCIAddress)
+	}
+	require.Equal(t, "0000:18:00.1", excl.Devices[0].PCIAddress)
+}
+
+func TestBuildRanges(t *testing.T) {
+	devs := scan(t, "dgx-h100")
+	cfg, err := pool.Load(seed("rail-spread.json"))
+	require.NoError(t, err)
+	pools, warns := pool.Build(cfg, devs)
+	require.Len(t, pools, 2)
+	var rails []string
+	for _, pf := range []string{"18", "40", "4f", "5e", "9a", "c0", "ce", "dc"} {
+		rails = append(rails, "0000:"+pf+":00.1", "0000:"+pf+":00.2")
+	}
+	require.Equal(t, rails, addrs(pools[0]))
+	require.Len(t, pools[1].Devices, 16, "VF 2 and 3 of each rail; 0 and 1 went to the first pool")
+	for _, d := range pools[1].Devices {
+		require.Contains(t, []int{2, 3}, d.VFIndex, d.PCIAddress)
+	}
+	require.Len(t, warns, 1)
+	require.Contains(t, warns[0], "16 selected functions are already in mellanox.com/rail_vfs")
+}
+
+func TestBuildEdge(t *testing.T) {
+	devs := scan(t, "edge")
+	cfg, err := pool.Parse([]byte(`{
+		"configList": [{"resourceName": "edge_hcas", "rdmaHcaMax": 4, "selectors": {"vendors": ["15b3"]}}],
+		"resourceList": [
+			{"resourceName": "dpdk", "selectors": {"drivers": ["vfio-pci"]}},
+			{"resourceName": "ib_vfs", "selectors": {"rootDevices": ["0000:86:00.0"]}},
+			{"resourceName": "nothing", "selectors": {"pfNames": ["nosuch0"]}}
+		]}`))
+	require.NoError(t, err)
+	pools, warns := pool.Build(cfg, devs)
+	require.Len(t, pools, 4)
+	require.Equal(t, []string{"0000:86:00.1"}, addrs(pools[1]), "the vfio-bound VF")
+	require.Equal(t, []string{"0000:86:00.3", "0000:86:00.4"}, addrs(pools[2]),
+		"bound VFs of the PF (the PF itself has VFs; .1 is taken; .2 is unbound)")
+	require.Empty(t, pools[3].Devices)
+	require.Zero(t, pools[3].Capacity())
+
+	shared := addrs(pools[0])
+	require.NotContains(t, shared, "0000:86:00.3", "held by an exclusive pool")
+	require.NotContains(t, shared, "0000:86:00.2", "no RDMA device")
+	require.Contains(t, shared, "0000:86:00.0")
+	require.Contains(t, shared, "0000:af:00.2")
+	require.Equal(t, 4, pools[0].Capacity())
+
+	all := strings.Join(warns, "\n")
+	require.Contains(t, all, "mellanox.com/ib_vfs: 0000:86:00.2 is selected but bound to no driver")
+	require.Contains(t, all, "mellanox.com/ib_vfs: 1 selected functions are already in mellanox.com/dpdk")
+	require.Contains(t, all, "mellanox.com/nothing (resourceList[2]): no device matches")
+	require.Contains(t, all, "mellanox.com/edge_hcas: 0000:86:00.3 is in exclusive pool mellanox.com/ib_vfs")
+}
+
+func TestSeedsHaveNoSurprises(t *testing.T) {
+	entries, err := os.ReadDir(filepath.Join("..", "..", "testdata", "config"))
+	require.NoError(t, err)
+	require.NotEmpty(t, entries)
+	for _, e := range entries {
+		_, err := pool.Load(seed(e.Name()))
+		require.NoError(t, err, e.Name())
+	}
+}
