@@ -2,10 +2,196 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
+// discoverReport is what `discover -o json` prints.
+type discoverReport struct {
+	Devices  []sriov.Device `json:"devices"`
+	Pools    []poolReport   `json:"pools"`
+	Warnings []string       `json:"warnings"`
+}
+
+type poolReport struct {
+	Resource         string   `json:"resource"`
+	Kind             string   `json:"kind"`
+	Devices          []string `json:"devices"`
+	Capacity         int      `json:"capacity"`
+	RdmaHcaMax       int      `json:"rdmaHcaMax,omitempty"`
+	AllocationPolicy string   `json:"allocationPolicy,omitempty"`
+}
+
 func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("discover: not implemented yet")
+	fs := flag.NewFlagSet("discover", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	hostRoot := fs.String("host-root", "/", "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev)")
+	configPath := fs.String("config", "", "pool config file (configList and/or resourceList JSON); empty shows devices only")
+	output := fs.String("o", "table", "output format: table or json")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [-o table|json]\n\n"+
+			"Shows the node's Mellanox/NVIDIA NIC functions (PF -> VFs -> netdev -> RDMA device -> char devices)\n"+
+			"and, with --config, which pool gets which device.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("discover: unexpected argument %q", fs.Arg(0))
+	}
+	if *output != "table" && *output != "json" {
+		return fmt.Errorf("discover: -o %q: want table or json", *output)
+	}
+	var cfg *pool.Config
+	if *configPath != "" {
+		c, err := pool.Load(*configPath)
+		if err != nil {
+			return err
+		}
+		cfg = c
+	}
+	report, err := discover(*hostRoot, cfg)
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(report)
+	}
+	writeTable(stdout, report)
+	for _, w := range report.Warnings {
+		fmt.Fprintln(stderr, "warning:", w)
+	}
+	return nil
+}
+
+// discover scans the host and, with a config, builds its pools.
+func discover(hostRoot string, cfg *pool.Config) (*discoverReport, error) {
+	snap, err := sriov.NewScanner(hostRoot, sriov.WithNames(pci.LoadNames(hostRoot))).Scan()
+	if err != nil {
+		return nil, fmt.Errorf("discover %s: %w", hostRoot, err)
+	}
+	r := &discoverReport{Devices: snap.Devices, Pools: []poolReport{}, Warnings: snap.Warnings}
+	if r.Warnings == nil {
+		r.Warnings = []string{}
+	}
+	if cfg == nil {
+		return r, nil
+	}
+	pools, warns := pool.Build(cfg, snap.Devices)
+	r.Warnings = append(r.Warnings, warns...)
+	for i := range pools {
+		p := &pools[i]
+		pr := poolReport{
+			Resource: p.ResourceName(), Kind: string(p.Kind), Devices: []string{},
+			Capacity: p.Capacity(), AllocationPolicy: p.AllocationPolicy,
+		}
+		if p.Kind == pool.Shared {
+			pr.RdmaHcaMax = p.RdmaHcaMax
+		}
+		for _, d := range p.Devices {
+			pr.Devices = append(pr.Devices, d.PCIAddress)
+		}
+		r.Pools = append(r.Pools, pr)
+	}
+	return r, nil
+}
+
+// writeTable prints PFs with their VFs indented below them.
+func writeTable(w io.Writer, r *discoverReport) {
+	if len(r.Devices) == 0 {
+		fmt.Fprintln(w, "no Mellanox/NVIDIA (vendor 15b3) NIC functions on this host")
+		return
+	}
+	poolsOf := map[string][]string{}
+	for _, p := range r.Pools {
+		for _, a := range p.Devices {
+			poolsOf[a] = append(poolsOf[a], p.Resource)
+		}
+	}
+	vfsOf := map[string][]sriov.Device{}
+	var pfs []sriov.Device
+	known := map[string]bool{}
+	for _, d := range r.Devices {
+		known[d.PCIAddress] = true
+	}
+	for _, d := range r.Devices {
+		if d.IsVF() && known[d.PFAddress] {
+			vfsOf[d.PFAddress] = append(vfsOf[d.PFAddress], d)
+			continue
+		}
+		pfs = append(pfs, d)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PCI\tMODEL\tDRIVER\tNUMA\tNETDEV\tLINK\tRDMA\tCHAR DEVICES\tPOOL")
+	row := func(name string, d sriov.Device) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, d.Model, dash(d.Driver), numa(d.NUMANode),
+			dash(d.Netdev), dash(d.LinkType), dash(d.RDMADevice), charDevs(d), dash(strings.Join(poolsOf[d.PCIAddress], ",")))
+	}
+	for _, pf := range pfs {
+		name := pf.PCIAddress
+		if pf.TotalVFs > 0 {
+			name += fmt.Sprintf(" (%d/%d VFs)", pf.NumVFs, pf.TotalVFs)
+		}
+		row(name, pf)
+		vfs := vfsOf[pf.PCIAddress]
+		sort.Slice(vfs, func(i, j int) bool { return vfs[i].VFIndex < vfs[j].VFIndex })
+		for i, vf := range vfs {
+			branch := "├─"
+			if i == len(vfs)-1 {
+				branch = "└─"
+			}
+			row(fmt.Sprintf("  %s vf%d %s", branch, vf.VFIndex, vf.PCIAddress), vf)
+		}
+	}
+	tw.Flush()
+	for _, p := range r.Pools {
+		fmt.Fprintf(w, "\npool %s (%s): %d devices, capacity %d", p.Resource, p.Kind, len(p.Devices), p.Capacity)
+		if p.AllocationPolicy != "" {
+			fmt.Fprintf(w, ", policy %s", p.AllocationPolicy)
+		}
+	}
+	if len(r.Pools) > 0 {
+		fmt.Fprintln(w)
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func numa(n int) string {
+	if n < 0 {
+		return "-"
+	}
+	return strconv.Itoa(n)
+}
+
+func charDevs(d sriov.Device) string {
+	var names []string
+	for _, c := range d.CharDevices {
+		names = append(names, path.Base(c))
+	}
+	names = append(names, d.VFIODevices...)
+	return dash(strings.Join(names, ","))
 }

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func fixture(name string) string { return filepath.Join("..", "..", "testdata", "sysfs", name) }
+func config(name string) string  { return filepath.Join("..", "..", "testdata", "config", name) }
+
+func discoverJSON(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	var out, errs bytes.Buffer
+	require.NoError(t, run(context.Background(), append([]string{"discover", "-o", "json"}, args...), &out, &errs), errs.String())
+	var v map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &v))
+	return v
+}
+
+func TestDiscoverJSONShape(t *testing.T) {
+	v := discoverJSON(t, "--host-root", fixture("dgx-h100"), "--config", config("combined.json"))
+
+	devices := v["devices"].([]any)
+	require.Len(t, devices, 8+32+4, "8 IB PFs, 32 VFs, 4 storage ports; the Intel NIC and the GPUs are not listed")
+	byAddr := map[string]map[string]any{}
+	for _, d := range devices {
+		m := d.(map[string]any)
+		byAddr[m["pciAddress"].(string)] = m
+	}
+	vf := byAddr["0000:18:00.1"]
+	for k, want := range map[string]any{
+		"pciAddress": "0000:18:00.1", "vendor": "15b3", "device": "101e", "class": "0x020700",
+		"driver": "mlx5_core", "numaNode": 0.0, "pfAddress": "0000:18:00.0", "vfIndex": 0.0,
+		"netdev": "ibp24s0v0", "linkType": "InfiniBand", "rdmaDevice": "mlx5_12",
+		"charDevices": []any{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"},
+	} {
+		require.Equal(t, want, vf[k], k)
+	}
+	pf := byAddr["0000:dc:00.0"]
+	require.Equal(t, "", pf["pfAddress"])
+	require.Equal(t, -1.0, pf["vfIndex"])
+	require.Equal(t, 1.0, pf["numaNode"])
+	require.Equal(t, "mlx5_7", pf["rdmaDevice"])
+
+	pools := v["pools"].([]any)
+	require.Len(t, pools, 2)
+	shared := pools[0].(map[string]any)
+	require.Equal(t, "mellanox.com/hca_shared_devices_a", shared["resource"])
+	require.Equal(t, "shared", shared["kind"])
+	require.Equal(t, 63.0, shared["capacity"])
+	require.Len(t, shared["devices"], 8)
+	excl := pools[1].(map[string]any)
+	require.Equal(t, "mellanox.com/mlnx_sriov_rdma", excl["resource"])
+	require.Equal(t, "exclusive", excl["kind"])
+	require.Equal(t, 32.0, excl["capacity"])
+	require.Equal(t, "0000:18:00.1", excl["devices"].([]any)[0])
+	require.Empty(t, v["warnings"])
+}
+
+func TestDiscoverWithoutConfig(t *testing.T) {
+	v := discoverJSON(t, "--host-root", fixture("roce-cx6dx"))
+	require.Len(t, v["devices"], 10)
+	require.Empty(t, v["pools"])
+}
+
+// Missing pieces are empty values and warnings, never a crash.
+func TestDiscoverEdgeWarnings(t *testing.T) {
+	v := discoverJSON(t, "--host-root", fixture("edge"))
+	warns := v["warnings"].([]any)
+	joined := ""
+	for _, w := range warns {
+		joined += w.(string) + "\n"
+	}
+	require.Contains(t, joined, "0000:86:00.2: no driver bound")
+	require.Contains(t, joined, "0000:86:00.4: no RDMA device")
+	for _, d := range v["devices"].([]any) {
+		m := d.(map[string]any)
+		require.NotEqual(t, "0000:85:00.0", m["pciAddress"], "a ConnectX PCIe bridge is not a NIC")
+		require.NotEqual(t, "0000:03:00.0", m["pciAddress"], "a BlueField management function is not a NIC")
+		if m["pciAddress"] == "0000:86:00.1" {
+			require.Equal(t, "vfio-pci", m["driver"])
+			require.Equal(t, []any{"/dev/vfio/vfio", "/dev/vfio/71"}, m["vfioDevices"])
+			require.Equal(t, "", m["netdev"])
+		}
+	}
+}
+
+func TestDiscoverTable(t *testing.T) {
+	var out, errs bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"discover", "--host-root", fixture("dgx-h100"), "--config", config("combined.json")}, &out, &errs))
+	lines := strings.Split(out.String(), "\n")
+	require.Regexp(t, `^PCI\s+MODEL\s+DRIVER\s+NUMA\s+NETDEV\s+LINK\s+RDMA\s+CHAR DEVICES\s+POOL$`, lines[0])
+	require.Regexp(t, `^0000:18:00.0 \(4/16 VFs\)\s+\S+\s+mlx5_core\s+0\s+ibp24s0\s+InfiniBand\s+mlx5_0\s+uverbs2,umad0,issm0,rdma_cm\s+mellanox.com/hca_shared_devices_a$`, lines[1])
+	require.Regexp(t, `^  ├─ vf0 0000:18:00.1\s+\S+\s+mlx5_core\s+0\s+ibp24s0v0\s+InfiniBand\s+mlx5_12\s+uverbs14,umad12,issm12,rdma_cm\s+mellanox.com/mlnx_sriov_rdma$`, lines[2])
+	require.Regexp(t, `^  └─ vf3 0000:18:00.4\s`, lines[5])
+	require.Contains(t, out.String(), "pool mellanox.com/mlnx_sriov_rdma (exclusive): 32 devices, capacity 32, policy spread")
+	require.Empty(t, errs.String())
+}
+
+func TestDiscoverErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad output", []string{"-o", "yaml"}, `-o "yaml": want table or json`},
+		{"missing config", []string{"--host-root", fixture("dgx-h100"), "--config", "nope.json"}, "pool config file does not exist: nope.json"},
+		{"missing host root", []string{"--host-root", "/nonexistent-host"}, "/nonexistent-host"},
+		{"extra argument", []string{"extra"}, `unexpected argument "extra"`},
+		{"unknown flag", []string{"--hostroot", "x"}, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errs bytes.Buffer
+			err := run(context.Background(), append([]string{"discover"}, tt.args...), &out, &errs)
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}
