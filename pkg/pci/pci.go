@@ -154,6 +154,10 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 			addrs = append(addrs, e)
 		}
 	}
+	netdevs, err := ReadClassLinks(s.sys, "net", "net", s.workers)
+	if err != nil {
+		return nil, err
+	}
 	fns := make([]*Function, len(addrs))
 	errs := make([]error, len(addrs))
 	var wg sync.WaitGroup
@@ -163,7 +167,7 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				fns[i], errs[i] = s.read(bus, addrs[i], keep, visit, false)
+				fns[i], errs[i] = s.read(bus, addrs[i], keep, visit, netdevs)
 			}
 		}()
 	}
@@ -229,7 +233,7 @@ func (s *Scanner) Function(addr string) (Function, error) {
 		return Function{}, fmt.Errorf("pci %s: %w", addr, err)
 	}
 	defer bus.Close()
-	f, err := s.read(bus, addr, nil, nil, true)
+	f, err := s.read(bus, addr, nil, nil, nil)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return Function{}, fmt.Errorf("pci %s: %w", addr, ErrNotFound)
@@ -244,7 +248,7 @@ func (s *Scanner) Function(addr string) (Function, error) {
 	if !ValidAddress(pfAddr) {
 		return Function{}, fmt.Errorf("pci %s: physfn -> %q is not a PCI function", addr, pfLink)
 	}
-	pf, err := s.read(bus, pfAddr, nil, nil, true)
+	pf, err := s.read(bus, pfAddr, nil, nil, nil)
 	if err != nil {
 		return Function{}, fmt.Errorf("pci %s: read its PF %s: %w", addr, pfAddr, err)
 	}
@@ -262,11 +266,14 @@ func (s *Scanner) Function(addr string) (Function, error) {
 
 // read reads one function; it returns nil, nil when keep rejects its vendor.
 //
-// A scan (full false) skips what it can infer later or rarely needs: the
-// NUMA node of a function without SR-IOV capability (a VF takes its PF's;
-// Scan reads the rest afterwards) and the IOMMU group of a function not
-// bound to vfio-pci.
-func (s *Scanner) read(bus sysfs.Dir, addr string, keep func(string) bool, visit Visitor, full bool) (*Function, error) {
+// A scan (netdevs from ReadClassLinks, not nil) skips what it can infer
+// later or rarely needs: the NUMA node of a function without SR-IOV
+// capability (a VF takes its PF's; Scan reads the rest afterwards) and the
+// IOMMU group of a function not bound to vfio-pci; and it takes the
+// function's netdevs from the class links instead of listing net/. A
+// single read (netdevs nil) reads everything from the function itself.
+func (s *Scanner) read(bus sysfs.Dir, addr string, keep func(string) bool, visit Visitor, netdevs ClassLinks) (*Function, error) {
+	full := netdevs == nil
 	target, err := bus.Readlink(addr)
 	if err != nil {
 		return nil, fmt.Errorf("pci %s: %w", addr, err)
@@ -330,9 +337,15 @@ func (s *Scanner) read(bus sysfs.Dir, addr string, keep func(string) bool, visit
 			f.VFs = append(f.VFs, filepath.Base(vf))
 		}
 	}
-	if err := readNetdevs(f, dir); err != nil {
-		return nil, fmt.Errorf("pci %s: %w", addr, err)
+	var names []string
+	if full {
+		if names, err = dir.List("net"); err != nil {
+			return nil, fmt.Errorf("pci %s: list netdevs: %w", addr, err)
+		}
+	} else {
+		names = netdevs[addr]
 	}
+	readNetdevs(f, dir, names)
 	if visit != nil {
 		if err := visit(f, dir); err != nil {
 			return nil, err
@@ -341,11 +354,8 @@ func (s *Scanner) read(bus sysfs.Dir, addr string, keep func(string) bool, visit
 	return f, nil
 }
 
-func readNetdevs(f *Function, dir sysfs.Dir) error {
-	names, err := dir.List("net")
-	if err != nil {
-		return fmt.Errorf("list netdevs: %w", err)
-	}
+// readNetdevs sorts names (f's netdevs) into Netdevs and Representors.
+func readNetdevs(f *Function, dir sysfs.Dir, names []string) {
 	for _, name := range names {
 		// Only an SR-IOV PF or a function with several netdevs can carry
 		// switchdev representors; the others skip reading phys_port_name.
@@ -357,7 +367,6 @@ func readNetdevs(f *Function, dir sysfs.Dir) error {
 		}
 		f.Netdevs = append(f.Netdevs, name)
 	}
-	return nil
 }
 
 // representorRE matches the phys_port_name of a switchdev representor of

@@ -120,16 +120,59 @@ func (r *Reader) DevicesIn(dir sysfs.Dir) ([]Device, error) {
 	return devicesIn(dir, true)
 }
 
-// DevicesForScan is DevicesIn without the ports' state, which a node scan
-// does not need (health follows netlink, PortState reads it on demand).
-func (r *Reader) DevicesForScan(dir sysfs.Dir) ([]Device, error) {
-	return devicesIn(dir, false)
+// ScanIndex is which RDMA devices and char devices the class directories
+// (<sys>/class/infiniband, infiniband_verbs, infiniband_mad) link below
+// each PCI function: a node scan reads it once instead of listing three
+// directories below every function.
+type ScanIndex struct {
+	devices, verbs, mad pci.ClassLinks
+}
+
+// ScanIndex reads the class directories with workers goroutines.
+func (r *Reader) ScanIndex(workers int) (*ScanIndex, error) {
+	var idx ScanIndex
+	var err error
+	if idx.devices, err = pci.ReadClassLinks(r.sys, "infiniband", "infiniband", workers); err != nil {
+		return nil, err
+	}
+	if idx.verbs, err = pci.ReadClassLinks(r.sys, "infiniband_verbs", "infiniband_verbs", workers); err != nil {
+		return nil, err
+	}
+	if idx.mad, err = pci.ReadClassLinks(r.sys, "infiniband_mad", "infiniband_mad", workers); err != nil {
+		return nil, err
+	}
+	return &idx, nil
+}
+
+// DevicesForScan is DevicesIn for the function at addr, open as dir, with
+// the device and char device names taken from idx, and without the ports'
+// state, which a node scan does not need (health follows netlink,
+// PortState reads it on demand).
+func (r *Reader) DevicesForScan(dir sysfs.Dir, addr string, idx *ScanIndex) ([]Device, error) {
+	return devicesFrom(dir, idx.devices[addr], idx.verbs[addr], idx.mad[addr], false)
 }
 
 func devicesIn(dir sysfs.Dir, withState bool) ([]Device, error) {
 	names, err := dir.List("infiniband")
 	if err != nil || len(names) == 0 {
 		return nil, err
+	}
+	verbs, err := dir.List("infiniband_verbs")
+	if err != nil {
+		return nil, err
+	}
+	mad, err := dir.List("infiniband_mad")
+	if err != nil {
+		return nil, err
+	}
+	return devicesFrom(dir, names, verbs, mad, withState)
+}
+
+// devicesFrom builds the devices named names below dir, with the char
+// devices of verbs (infiniband_verbs entries) and mad (infiniband_mad).
+func devicesFrom(dir sysfs.Dir, names, verbs, mad []string, withState bool) ([]Device, error) {
+	if len(names) == 0 {
+		return nil, nil
 	}
 	devs := make([]Device, len(names))
 	byName := make(map[string]*Device, len(names))
@@ -143,11 +186,7 @@ func devicesIn(dir sysfs.Dir, withState bool) ([]Device, error) {
 		devs[i].Ports = ports
 	}
 	single := len(devs) == 1
-	for _, class := range []string{"infiniband_verbs", "infiniband_mad"} {
-		entries, err := dir.List(class)
-		if err != nil {
-			return nil, err
-		}
+	for class, entries := range map[string][]string{"infiniband_verbs": verbs, "infiniband_mad": mad} {
 		for _, e := range entries {
 			kind := strings.TrimRight(e, "0123456789")
 			if kind != KindUverbs && kind != KindUmad && kind != KindIssm || kind == e {

@@ -3,6 +3,7 @@ package sriov
 import (
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -68,13 +69,17 @@ func isMellanox(vendor string) bool { return vendor == pci.VendorMellanox }
 // devices of each function are read while its directory is open, in the
 // PCI scan's parallel workers.
 func (s *Scanner) Scan() (*Snapshot, error) {
+	idx, err := s.rdma.ScanIndex(2 * runtime.GOMAXPROCS(0))
+	if err != nil {
+		return nil, err
+	}
 	var mu sync.Mutex // guards rdmaOf
 	rdmaOf := map[string][]rdma.Device{}
 	fns, err := s.pci.ScanEach(isMellanox, func(f *pci.Function, dir sysfs.Dir) error {
 		if !f.IsNIC() || f.Driver == "" || f.Driver == "vfio-pci" {
 			return nil
 		}
-		devs, err := s.rdma.DevicesForScan(dir)
+		devs, err := s.rdma.DevicesForScan(dir, f.Address, idx)
 		if err != nil {
 			return fmt.Errorf("pci %s: %w", f.Address, err)
 		}

@@ -1,0 +1,46 @@
+package pci
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestOwnerOf(t *testing.T) {
+	tests := []struct{ target, sub, name, want string }{
+		{"../../devices/pci0000:15/0000:15:01.0/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", "0000:18:00.1"},
+		{"../../devices/pci0000:15/0000:18:00.0/infiniband/mlx5_0", "infiniband", "mlx5_0", "0000:18:00.0"},
+		{"../../devices/virtual/net/veth0", "net", "veth0", ""},
+		{"../../devices/pci0000:0a/0000:0c:00.0/ice.roce.0/infiniband_verbs/uverbs0", "infiniband_verbs", "uverbs0", ""},
+		{"../../devices/pci0000:15/0000:18:00.0/net/other", "net", "ibp24s0", ""},
+		{"garbage", "net", "garbage", ""},
+		{"/net/x", "net", "x", ""},
+	}
+	for _, tt := range tests {
+		require.Equal(t, tt.want, ownerOf(tt.target, tt.sub, tt.name), tt.target)
+	}
+}
+
+func TestReadClassLinks(t *testing.T) {
+	sys := t.TempDir()
+	class := filepath.Join(sys, "class", "net")
+	require.NoError(t, os.MkdirAll(class, 0o755))
+	for name, target := range map[string]string{
+		"b0":    "../../devices/pci0000:00/0000:00:01.0/0000:01:00.1/net/b0",
+		"a0":    "../../devices/pci0000:00/0000:00:01.0/0000:01:00.1/net/a0",
+		"eth9":  "../../devices/pci0000:00/0000:02:00.0/net/eth9",
+		"veth1": "../../devices/virtual/net/veth1",
+	} {
+		require.NoError(t, os.Symlink(target, filepath.Join(class, name)))
+	}
+	for _, workers := range []int{0, 1, 3, 8} {
+		links, err := ReadClassLinks(sys, "net", "net", workers)
+		require.NoError(t, err)
+		require.Equal(t, ClassLinks{"0000:01:00.1": {"a0", "b0"}, "0000:02:00.0": {"eth9"}}, links, "workers=%d", workers)
+	}
+	links, err := ReadClassLinks(sys, "infiniband", "infiniband", 2)
+	require.NoError(t, err, "a missing class (module not loaded) is empty, not an error")
+	require.Empty(t, links)
+}
