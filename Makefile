@@ -1,6 +1,7 @@
 # fastpath — build, test and demo targets. Every target works from a clean
 # clone with only Go installed; root-only parts say so instead of failing.
 
+SHELL   := bash
 GO      ?= go
 BIN     := bin
 HOSTROOT ?= testdata/sysfs/dgx-h100
@@ -31,8 +32,10 @@ fmt:
 vet:
 	$(GO) vet $(PKGS)
 
+# Every benchmark in one table (benchmarks that need root skip without it).
+BENCH ?= .
 bench:
-	$(GO) test -run '^$$' -bench BenchmarkDiscover -benchmem -benchtime 20x ./pkg/sriov/
+	set -o pipefail; $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count=1 -timeout 30m $(PKGS) | $(GO) run ./test/benchtable
 
 # What the bundled DGX fixture host has, and which pool gets what.
 discover:
