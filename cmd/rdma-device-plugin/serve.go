@@ -3,10 +3,212 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
-// runServe is being built (issue 3).
-func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("serve: not implemented yet")
+// Production defaults.
+const (
+	defaultConfig     = "/etc/fastpath/config.json"
+	defaultKubeletDir = "/var/lib/kubelet/device-plugins"
+	defaultDevInfoDir = "/var/run/k8s.cni.cncf.io/devinfo/dp"
+	defaultMetrics    = ":9108"
+)
+
+type serveFlags struct {
+	config, hostRoot, kubeletDir, devInfoDir, cdiDir, metricsAddr, logLevel string
+}
+
+func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := flag.NewFlagSet("rdma-device-plugin", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	fs.StringVar(&f.config, "config", defaultConfig, "pool config file (configList and/or resourceList JSON)")
+	fs.StringVar(&f.hostRoot, "host-root", "/", "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev)")
+	fs.StringVar(&f.kubeletDir, "kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (holds kubelet.sock)")
+	fs.StringVar(&f.devInfoDir, "devinfo-dir", defaultDevInfoDir, "where device-info-spec files for the CNI go; empty disables them")
+	fs.StringVar(&f.cdiDir, "cdi-spec-dir", "", "write CDI specs here and return CDI device names from Allocate; empty disables CDI")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", defaultMetrics, "address for /healthz and /metrics; empty disables them")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: rdma-device-plugin [flags]            serve the pools to the kubelet\n"+
+			"       rdma-device-plugin discover [flags]   show what the node has (see discover -h)\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (subcommands: discover)", fs.Arg(0))
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	return serve(ctx, f, log)
+}
+
+func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
+	src, err := newSource(f.config, f.hostRoot, log)
+	if err != nil {
+		return err
+	}
+	first, err := src.scan(false)
+	if err != nil {
+		return err
+	}
+	if err := checkCharDevices(f.hostRoot, first.Pools); err != nil {
+		return err
+	}
+	counters := newCounterCollector(src, f.hostRoot == "/" || f.hostRoot == "", log)
+	metrics := plugin.NewMetrics(counters)
+	m, err := plugin.NewManager(plugin.Options{
+		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
+		ConfigPath: f.config, Scan: src.scan, Metrics: metrics, Log: log,
+		Links: &plugin.NetlinkLinks{OnError: func(err error) {
+			log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	if f.metricsAddr != "" {
+		l, err := net.Listen("tcp", f.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr %s: %w (pick a free port, or empty to disable)", f.metricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metrics.Handler())
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server stopped", "addr", f.metricsAddr, "err", err)
+			}
+		}()
+		defer hs.Close()
+		log.Info("serving /healthz and /metrics", "addr", l.Addr().String())
+	}
+	log.Info("starting", "config", f.config, "hostRoot", f.hostRoot, "kubeletDir", f.kubeletDir, "pools", len(first.Pools))
+	err = m.Run(ctx)
+	log.Info("stopped")
+	return err
+}
+
+// source scans the host and builds the pools, keeping the last config that
+// loaded: a broken edit of the ConfigMap must not take the pools away.
+type source struct {
+	path    string
+	scanner *sriov.Scanner
+	log     *slog.Logger
+
+	mu       sync.Mutex // guards the fields below
+	cfg      *pool.Config
+	lastWarn string
+	pools    []plugin.Pool
+}
+
+func newSource(path, hostRoot string, log *slog.Logger) (*source, error) {
+	cfg, err := pool.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range cfg.Warnings {
+		log.Warn("config", "warning", w)
+	}
+	return &source{path: path, scanner: sriov.NewScanner(hostRoot), log: log, cfg: cfg}, nil
+}
+
+func (s *source) scan(reload bool) (plugin.Scan, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if reload {
+		cfg, err := pool.Load(s.path)
+		if err != nil {
+			s.log.Error("config change rejected; keeping the last good config", "config", s.path, "err", err)
+		} else {
+			s.log.Info("config reloaded", "config", s.path, "resources", len(cfg.Resources))
+			s.cfg = cfg
+		}
+	}
+	snap, err := s.scanner.Scan()
+	if err != nil {
+		return plugin.Scan{}, fmt.Errorf("scan %s: %w", s.scanner.Root(), err)
+	}
+	built, warns := pool.Build(s.cfg, snap.Devices)
+	// Log warnings when they change, not on every rescan.
+	all := append(slices.Clone(snap.Warnings), warns...)
+	if key := strings.Join(all, "\n"); key != s.lastWarn {
+		s.lastWarn = key
+		for _, w := range all {
+			s.log.Warn("discovery", "warning", w)
+		}
+	}
+	pools := make([]plugin.Pool, 0, len(built))
+	for _, p := range built {
+		pools = append(pools, plugin.Pool{
+			Prefix: p.Prefix, Name: p.Name, Kind: plugin.Kind(p.Kind), RdmaHcaMax: p.RdmaHcaMax,
+			ExcludeTopology: p.ExcludeTopology, AllocationPolicy: p.AllocationPolicy, Devices: p.Devices,
+		})
+	}
+	s.pools = pools
+	return plugin.Scan{Pools: pools, Interval: s.cfg.PeriodicUpdateInterval}, nil
+}
+
+// hcas are the RDMA devices of the current pools, sorted.
+func (s *source) hcas() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, p := range s.pools {
+		for _, d := range p.Devices {
+			if d.RDMADevice != "" && !slices.Contains(out, d.RDMADevice) {
+				out = append(out, d.RDMADevice)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkCharDevices fails when the pools have RDMA devices but the node
+// shows none of their uverbs char devices: every Allocate would hand out
+// a device NCCL cannot open.
+func checkCharDevices(hostRoot string, pools []plugin.Pool) error {
+	want := 0
+	for _, p := range pools {
+		for _, d := range p.Devices {
+			if d.RDMADevice == "" {
+				continue
+			}
+			want++
+			for _, c := range d.CharDevices {
+				if strings.HasPrefix(c, rdma.DevDir+"/uverbs") {
+					return nil
+				}
+			}
+		}
+	}
+	if want == 0 {
+		return nil // no RDMA devices in any pool: nothing to hand out, and discovery warned why
+	}
+	return fmt.Errorf("no RDMA char devices for the pools' %d RDMA devices under %s%s: is the mlx5_ib / ib_uverbs module loaded, and is /dev/infiniband mounted into the plugin's container?",
+		want, strings.TrimSuffix(hostRoot, "/"), rdma.DevDir)
 }

@@ -1,0 +1,106 @@
+package plugin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+)
+
+// DevInfoVersion is the k8snetworkplumbingwg device-info-spec version the
+// files follow.
+const DevInfoVersion = "1.1.0"
+
+// devInfo is a device-info-spec v1.1.0 document of type "pci".
+type devInfo struct {
+	Type    string     `json:"type"`
+	Version string     `json:"version"`
+	PCI     devInfoPCI `json:"pci"`
+}
+
+type devInfoPCI struct {
+	PCIAddress   string `json:"pci-address"`
+	RDMADevice   string `json:"rdma-device,omitempty"`
+	PFPCIAddress string `json:"pf-pci-address,omitempty"`
+}
+
+// devInfoStore writes device-info files for allocated devices, so that a
+// CNI (via Multus) can learn which VF the kubelet gave the pod, and removes
+// every file it wrote when the plugin stops.
+type devInfoStore struct {
+	dir string
+	mu  sync.Mutex // guards the fields below
+	// written holds the paths this process created.
+	written map[string]bool
+}
+
+func newDevInfoStore(dir string) *devInfoStore {
+	return &devInfoStore{dir: dir, written: map[string]bool{}}
+}
+
+// DevInfoPath is <dir>/<prefix>-<name>-<bdf>-device.json.
+func DevInfoPath(dir, prefix, name, bdf string) string {
+	return filepath.Join(dir, fmt.Sprintf("%s-%s-%s-device.json", prefix, name, bdf))
+}
+
+// write stores the file for d, mode 0444, atomically (temp file + rename).
+func (s *devInfoStore) write(prefix, name string, d *sriov.Device) error {
+	if s == nil || s.dir == "" {
+		return nil
+	}
+	doc := devInfo{Type: "pci", Version: DevInfoVersion, PCI: devInfoPCI{
+		PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, PFPCIAddress: d.PFAddress,
+	}}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	path := DevInfoPath(s.dir, prefix, name, d.PCIAddress)
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return fmt.Errorf("devinfo %s: create directory: %w", s.dir, err)
+	}
+	tmp, err := os.CreateTemp(s.dir, ".devinfo-*")
+	if err != nil {
+		return fmt.Errorf("devinfo %s: %w", path, err)
+	}
+	_, err = tmp.Write(data)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o444)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("devinfo %s: write: %w", path, err)
+	}
+	s.mu.Lock()
+	s.written[path] = true
+	s.mu.Unlock()
+	return nil
+}
+
+// removeAll deletes every file this store wrote.
+func (s *devInfoStore) removeAll() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for p := range s.written {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("devinfo %s: remove: %w", p, err))
+		}
+		delete(s.written, p)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,535 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+)
+
+// KubeletSocket is the kubelet's registration socket in the device plugin
+// directory.
+const KubeletSocket = "kubelet.sock"
+
+// Scan is one result of scanning the host and building the pools.
+type Scan struct {
+	Pools []Pool
+	// Interval is the periodic rescan interval; 0 turns it off.
+	Interval time.Duration
+}
+
+// ScanFunc scans the host and builds the pools. reloadConfig asks it to
+// re-read the config file first; a broken file should keep the last good
+// config (and log why), not fail the scan.
+type ScanFunc func(reloadConfig bool) (Scan, error)
+
+// Options configure a Manager.
+type Options struct {
+	KubeletDir string // /var/lib/kubelet/device-plugins
+	HostRoot   string // "/" in production
+	DevInfoDir string // "" disables device-info files
+	CDIDir     string // "" disables CDI
+	ConfigPath string // watched for changes; "" = not watched
+	Scan       ScanFunc
+	Links      LinkSource // nil: no event-driven health
+	Metrics    *Metrics   // nil: no metrics
+	Log        *slog.Logger
+	// RegisterTimeout bounds one Register call (default 5 s);
+	// RetryInterval is the wait before retrying a failed registration
+	// (default 200 ms).
+	RegisterTimeout time.Duration
+	RetryInterval   time.Duration
+}
+
+// linkState is what netlink last told about an interface.
+type linkState struct {
+	up      bool
+	deleted bool
+}
+
+// Manager keeps one server per pool registered with the kubelet and their
+// device lists true. All state below is owned by the Run goroutine except
+// where a mutex says otherwise.
+type Manager struct {
+	opts    Options
+	log     *slog.Logger
+	devInfo *devInfoStore
+
+	servers  map[string]*server // by resource name
+	pools    map[string]Pool
+	links    map[string]linkState
+	interval time.Duration
+	// kubelet is the identity of the kubelet.sock we registered with.
+	kubelet fileID
+	// registered are the resources registered with that kubelet.
+	registered map[string]bool
+
+	allocMu sync.Mutex // guards the fields below
+	// allocated are the exclusive device IDs the kubelet has allocated;
+	// their netdevs leave the host netns when a CNI moves them into a pod,
+	// which is not a fault.
+	allocated map[string]bool
+}
+
+// NewManager checks the options.
+func NewManager(opts Options) (*Manager, error) {
+	if opts.KubeletDir == "" {
+		return nil, errors.New("plugin: kubelet directory not set")
+	}
+	if opts.Scan == nil {
+		return nil, errors.New("plugin: no scan function")
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.HostRoot == "" {
+		opts.HostRoot = "/"
+	}
+	if opts.RegisterTimeout == 0 {
+		opts.RegisterTimeout = 5 * time.Second
+	}
+	if opts.RetryInterval == 0 {
+		opts.RetryInterval = 200 * time.Millisecond
+	}
+	return &Manager{
+		opts: opts, log: opts.Log, devInfo: newDevInfoStore(opts.DevInfoDir),
+		servers: map[string]*server{}, pools: map[string]Pool{}, links: map[string]linkState{},
+		registered: map[string]bool{}, allocated: map[string]bool{},
+	}, nil
+}
+
+func (m *Manager) kubeletSock() string { return filepath.Join(m.opts.KubeletDir, KubeletSocket) }
+
+// Run serves until ctx ends, then stops the servers and removes their
+// sockets, device-info files and CDI specs. It returns an error only when
+// it cannot start.
+func (m *Manager) Run(ctx context.Context) (err error) {
+	scan, err := m.opts.Scan(false)
+	if err != nil {
+		return err
+	}
+	if st, err := os.Stat(m.opts.KubeletDir); err != nil || !st.IsDir() {
+		return fmt.Errorf("kubelet directory %s: not a directory (%v): mount the kubelet's device-plugins directory or set --kubelet-dir", m.opts.KubeletDir, err)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", m.opts.KubeletDir, err)
+	}
+	defer w.Close()
+	if err := w.Add(m.opts.KubeletDir); err != nil {
+		return fmt.Errorf("watch %s: %w", m.opts.KubeletDir, err)
+	}
+	var configDir, configBase string
+	if m.opts.ConfigPath != "" {
+		configDir, configBase = filepath.Split(filepath.Clean(m.opts.ConfigPath))
+		configDir = filepath.Clean(configDir)
+		if err := w.Add(configDir); err != nil {
+			m.log.Warn("config changes will not be noticed until restart", "config", m.opts.ConfigPath, "err", err)
+		}
+	}
+	defer m.shutdown()
+
+	linkCtx, stopLinks := context.WithCancel(ctx)
+	defer stopLinks()
+	var links <-chan LinkEvent
+	if m.opts.Links != nil {
+		links, err = m.opts.Links.Subscribe(linkCtx)
+		if err != nil {
+			m.log.Warn("netlink unavailable; health follows periodic rescans only", "err", err)
+			links = nil
+		}
+	}
+
+	m.apply(scan)
+	ticker := newTicker(scan.Interval)
+	m.interval = scan.Interval
+	defer ticker.stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	schedule := func(ok bool) {
+		if !ok {
+			retry.Reset(m.opts.RetryInterval)
+		}
+	}
+	schedule(m.reconcile(ctx))
+
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			dir, base := filepath.Split(ev.Name)
+			dir = filepath.Clean(dir)
+			switch {
+			case dir == filepath.Clean(m.opts.KubeletDir):
+				// Events can arrive after the state they describe changed
+				// again; reconcile looks at the directory, not the event.
+				if base == KubeletSocket || m.ownSocket(ev.Name) {
+					schedule(m.reconcile(ctx))
+				}
+			case configDir != "" && dir == configDir:
+				// ConfigMap volumes swap a "..data" symlink, so any write,
+				// create or rename in the directory may change the file.
+				if base == configBase || len(base) > 1 && base[:2] == ".." {
+					m.rescan(ctx, true, ticker)
+				}
+			}
+		case err, ok := <-w.Errors:
+			if ok {
+				m.log.Warn("file watch error", "err", err)
+			}
+		case ev, ok := <-links:
+			if !ok {
+				links = nil
+				if ctx.Err() == nil {
+					m.log.Warn("netlink subscription ended; health follows periodic rescans only")
+				}
+				continue
+			}
+			m.linkEvent(ev)
+		case <-ticker.c():
+			m.rescan(ctx, false, ticker)
+		case <-retry.C:
+			schedule(m.reconcile(ctx))
+		}
+	}
+}
+
+func (m *Manager) ownSocket(path string) bool {
+	for r := range m.servers {
+		p := m.pools[r]
+		if filepath.Join(m.opts.KubeletDir, SocketName(p.Prefix, p.Name)) == path {
+			return true
+		}
+	}
+	return false
+}
+
+// rescan scans the host again and applies the result.
+func (m *Manager) rescan(ctx context.Context, reload bool, t *ticker) {
+	start := time.Now()
+	scan, err := m.opts.Scan(reload)
+	m.opts.Metrics.rescanned(time.Since(start))
+	if err != nil {
+		m.log.Error("rescan failed; keeping the last device lists", "err", err)
+		return
+	}
+	m.apply(scan)
+	if scan.Interval != m.interval {
+		m.log.Info("periodic rescan interval changed", "from", m.interval, "to", scan.Interval)
+		m.interval = scan.Interval
+		t.reset(scan.Interval)
+	}
+	m.reconcile(ctx)
+}
+
+// apply diffs a scan against the running servers: removed resources stop,
+// new ones are created (and started by reconcile), changed ones push a new
+// device list.
+func (m *Manager) apply(scan Scan) {
+	next := map[string]Pool{}
+	for _, p := range scan.Pools {
+		if err := p.Validate(); err != nil {
+			m.log.Error("pool skipped", "err", err)
+			continue
+		}
+		r := p.ResourceName()
+		if _, dup := next[r]; dup {
+			m.log.Error("pool skipped: resource defined twice", "resource", r)
+			continue
+		}
+		next[r] = p
+	}
+	for r, s := range m.servers {
+		if _, ok := next[r]; ok {
+			continue
+		}
+		s.stop()
+		old := m.pools[r]
+		if m.opts.CDIDir != "" {
+			if err := removeCDISpec(m.opts.CDIDir, old.Prefix, old.Name); err != nil {
+				m.log.Warn("remove CDI spec", "resource", r, "err", err)
+			}
+		}
+		m.opts.Metrics.forget(r)
+		delete(m.servers, r)
+		delete(m.pools, r)
+		delete(m.registered, r)
+		m.log.Info("pool removed", "resource", r)
+	}
+	names := make([]string, 0, len(next))
+	for r := range next {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	for _, r := range names {
+		p := next[r]
+		slots := buildSlots(&p, m.healthy)
+		if m.opts.CDIDir != "" {
+			if err := writeCDISpec(m.opts.CDIDir, &p, m.opts.HostRoot); err != nil {
+				m.log.Error("write CDI spec", "resource", r, "err", err)
+			}
+		}
+		m.pools[r] = p
+		s, ok := m.servers[r]
+		if !ok {
+			m.servers[r] = newServer(p, slots, m.log, m.opts.HostRoot, m.devInfo, m.opts.CDIDir != "", m.opts.Metrics, m.markAllocated)
+			m.log.Info("pool added", "resource", r, "kind", p.Kind, "devices", len(slots), "healthy", countHealthy(slots))
+			continue
+		}
+		m.updateServer(r, s, p, slots, "rescan")
+	}
+}
+
+// updateServer pushes new slots and logs each device whose state changed.
+func (m *Manager) updateServer(r string, s *server, p Pool, slots []slot, why string) {
+	s.mu.Lock()
+	old := s.slots
+	s.mu.Unlock()
+	if !s.update(p, slots) {
+		return
+	}
+	was := make(map[string]bool, len(old))
+	for _, sl := range old {
+		was[sl.ID] = sl.Healthy
+	}
+	now := make(map[string]bool, len(slots))
+	for _, sl := range slots {
+		now[sl.ID] = true
+		h, existed := was[sl.ID]
+		switch {
+		case !existed:
+			m.log.Info("device added", "resource", r, "device", sl.ID, "healthy", sl.Healthy, "cause", why)
+		case h != sl.Healthy:
+			m.log.Info("device health changed", "resource", r, "device", sl.ID, "healthy", sl.Healthy, "cause", why)
+		}
+	}
+	for _, sl := range old {
+		if !now[sl.ID] {
+			m.log.Info("device removed", "resource", r, "device", sl.ID, "cause", why)
+		}
+	}
+}
+
+func countHealthy(slots []slot) int {
+	n := 0
+	for i := range slots {
+		if slots[i].Healthy {
+			n++
+		}
+	}
+	return n
+}
+
+// linkEvent records a link change and refreshes health.
+func (m *Manager) linkEvent(ev LinkEvent) {
+	old, known := m.links[ev.Name]
+	st := linkState{up: ev.Up && !ev.Deleted, deleted: ev.Deleted}
+	m.links[ev.Name] = st
+	if known && old == st {
+		return
+	}
+	for r, s := range m.servers {
+		p := m.pools[r]
+		m.updateServer(r, s, p, buildSlots(&p, m.healthy), "link "+ev.Name)
+	}
+}
+
+// healthy decides a function's health from the last link events: a PF
+// that is oper-down or gone takes its VFs down with it; a VF whose netdev
+// left the host netns is unhealthy unless the kubelet allocated it (a CNI
+// moved the netdev into the pod) and its PCI function still exists.
+// Interfaces netlink never mentioned are taken as healthy.
+func (m *Manager) healthy(d *sriov.Device) bool {
+	if d.PFNetdev != "" {
+		if st, ok := m.links[d.PFNetdev]; ok && (!st.up || st.deleted) {
+			return false
+		}
+	}
+	if d.IsVF() && d.Netdev != "" {
+		if st, ok := m.links[d.Netdev]; ok && st.deleted {
+			if !m.isAllocated(d.PCIAddress) || !m.pciExists(d.PCIAddress) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (m *Manager) pciExists(addr string) bool {
+	_, err := os.Lstat(filepath.Join(m.opts.HostRoot, "sys", "bus", "pci", "devices", addr))
+	return err == nil
+}
+
+func (m *Manager) markAllocated(ids []string) {
+	m.allocMu.Lock()
+	defer m.allocMu.Unlock()
+	for _, id := range ids {
+		m.allocated[id] = true
+	}
+}
+
+func (m *Manager) isAllocated(id string) bool {
+	m.allocMu.Lock()
+	defer m.allocMu.Unlock()
+	return m.allocated[id]
+}
+
+// fileID identifies a file across removal and recreation.
+type fileID struct {
+	dev, ino uint64
+	ctime    int64
+}
+
+func statID(path string) (fileID, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fileID{}, err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, fmt.Errorf("stat %s: no inode", path)
+	}
+	return fileID{dev: uint64(sys.Dev), ino: sys.Ino, ctime: sys.Ctim.Nano()}, nil
+}
+
+// reconcile makes the servers match the kubelet: without kubelet.sock they
+// are stopped; when kubelet.sock is a new file (inode and ctime), all are
+// restarted and registered; a server whose socket is missing is restarted
+// and registered. It reports whether every server is registered (false
+// schedules a retry).
+func (m *Manager) reconcile(ctx context.Context) bool {
+	id, err := statID(m.kubeletSock())
+	if err != nil {
+		if m.kubelet != (fileID{}) || len(m.registered) > 0 {
+			m.log.Info("kubelet socket gone; waiting for the kubelet", "socket", m.kubeletSock())
+		}
+		for _, s := range m.servers {
+			s.stop()
+		}
+		m.kubelet = fileID{}
+		clear(m.registered)
+		return true // the Create event of kubelet.sock wakes us
+	}
+	restartAll := id != m.kubelet
+	if restartAll && m.kubelet != (fileID{}) {
+		m.log.Info("kubelet restarted; re-registering", "socket", m.kubeletSock())
+	}
+	m.kubelet = id
+	var todo []string
+	for r, s := range m.servers {
+		p := m.pools[r]
+		sock := filepath.Join(m.opts.KubeletDir, SocketName(p.Prefix, p.Name))
+		_, serr := os.Lstat(sock)
+		switch {
+		case restartAll, s.socket() == "", errors.Is(serr, fs.ErrNotExist):
+			if s.socket() != "" && !restartAll {
+				m.log.Info("our socket was removed; restarting", "resource", r, "socket", sock)
+			}
+			s.stop()
+			delete(m.registered, r)
+			if err := s.start(sock); err != nil {
+				m.log.Error("start device plugin server", "resource", r, "err", err)
+				continue
+			}
+			todo = append(todo, r)
+		case !m.registered[r]:
+			todo = append(todo, r)
+		}
+	}
+	if len(todo) == 0 {
+		return len(m.registered) == len(m.servers)
+	}
+	sort.Strings(todo)
+	conn, err := grpc.NewClient("unix://"+m.kubeletSock(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		m.log.Error("connect to kubelet", "socket", m.kubeletSock(), "err", err)
+		return false
+	}
+	defer conn.Close()
+	client := pluginapi.NewRegistrationClient(conn)
+	ok := true
+	for _, r := range todo {
+		p := m.pools[r]
+		rctx, cancel := context.WithTimeout(ctx, m.opts.RegisterTimeout)
+		_, err := client.Register(rctx, &pluginapi.RegisterRequest{
+			Version:      pluginapi.Version,
+			Endpoint:     SocketName(p.Prefix, p.Name),
+			ResourceName: r,
+			Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+		})
+		cancel()
+		m.opts.Metrics.registered(r, err)
+		if err != nil {
+			m.log.Warn("register with kubelet failed; will retry", "resource", r, "err", err)
+			ok = false
+			continue
+		}
+		m.registered[r] = true
+		m.log.Info("registered with kubelet", "resource", r, "socket", SocketName(p.Prefix, p.Name))
+	}
+	return ok && len(m.registered) == len(m.servers)
+}
+
+// shutdown stops every server and removes what the plugin wrote.
+func (m *Manager) shutdown() {
+	for r, s := range m.servers {
+		s.stop()
+		if m.opts.CDIDir != "" {
+			p := m.pools[r]
+			if err := removeCDISpec(m.opts.CDIDir, p.Prefix, p.Name); err != nil {
+				m.log.Warn("remove CDI spec", "resource", r, "err", err)
+			}
+		}
+	}
+	if err := m.devInfo.removeAll(); err != nil {
+		m.log.Warn("remove device-info files", "err", err)
+	}
+	m.log.Info("stopped; sockets, device-info files and CDI specs removed")
+}
+
+// ticker is a time.Ticker that can be off (interval 0).
+type ticker struct{ t *time.Ticker }
+
+func newTicker(d time.Duration) *ticker {
+	t := &ticker{}
+	t.reset(d)
+	return t
+}
+
+func (t *ticker) reset(d time.Duration) {
+	if t.t != nil {
+		t.t.Stop()
+		t.t = nil
+	}
+	if d > 0 {
+		t.t = time.NewTicker(d)
+	}
+}
+
+func (t *ticker) c() <-chan time.Time {
+	if t.t == nil {
+		return nil
+	}
+	return t.t.C
+}
+
+func (t *ticker) stop() { t.reset(0) }

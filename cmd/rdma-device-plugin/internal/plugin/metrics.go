@@ -1,0 +1,106 @@
+package plugin
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the plugin's Prometheus metrics, on their own registry. A nil
+// *Metrics records nothing.
+type Metrics struct {
+	Registry      *prometheus.Registry
+	devices       *prometheus.GaugeVec
+	healthy       *prometheus.GaugeVec
+	allocations   *prometheus.CounterVec
+	registrations *prometheus.CounterVec
+	rescan        prometheus.Histogram
+}
+
+// NewMetrics creates the metrics; extra collectors (RDMA port counters)
+// are registered alongside.
+func NewMetrics(extra ...prometheus.Collector) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "devices",
+			Help: "Devices advertised to the kubelet, per resource.",
+		}, []string{"resource"}),
+		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "healthy_devices",
+			Help: "Healthy devices advertised to the kubelet, per resource.",
+		}, []string{"resource"}),
+		allocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "allocated_devices_total",
+			Help: "Devices handed out by Allocate, per resource.",
+		}, []string{"resource"}),
+		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "registrations_total",
+			Help: "Registrations with the kubelet, per resource and result.",
+		}, []string{"resource", "result"}),
+		rescan: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "rescan_duration_seconds",
+			Help:    "Time to scan the host and rebuild the pools.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	m.Registry.MustRegister(m.devices, m.healthy, m.allocations, m.registrations, m.rescan)
+	for _, c := range extra {
+		m.Registry.MustRegister(c)
+	}
+	return m
+}
+
+func (m *Metrics) setDevices(resource string, n, healthy int) {
+	if m == nil {
+		return
+	}
+	m.devices.WithLabelValues(resource).Set(float64(n))
+	m.healthy.WithLabelValues(resource).Set(float64(healthy))
+}
+
+func (m *Metrics) forget(resource string) {
+	if m == nil {
+		return
+	}
+	m.devices.DeleteLabelValues(resource)
+	m.healthy.DeleteLabelValues(resource)
+}
+
+func (m *Metrics) allocated(resource string, n int) {
+	if m == nil {
+		return
+	}
+	m.allocations.WithLabelValues(resource).Add(float64(n))
+}
+
+func (m *Metrics) registered(resource string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.registrations.WithLabelValues(resource, result).Inc()
+}
+
+func (m *Metrics) rescanned(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.rescan.Observe(d.Seconds())
+}
+
+// Handler serves /metrics and /healthz.
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}

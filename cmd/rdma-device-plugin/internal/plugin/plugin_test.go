@@ -1,0 +1,509 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+)
+
+func fixtureRoot(name string) string {
+	p, err := filepath.Abs(filepath.Join("..", "..", "..", "..", "testdata", "sysfs", name))
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+func scanFixture(t testing.TB, name string) []sriov.Device {
+	t.Helper()
+	snap, err := sriov.NewScanner(fixtureRoot(name)).Scan()
+	require.NoError(t, err)
+	return snap.Devices
+}
+
+// dgxPools: the 32 compute VFs (exclusive, spread) and the two NUMA-0
+// storage ports (shared, 4 containers).
+func dgxPools(t testing.TB) []Pool {
+	devs := scanFixture(t, "dgx-h100")
+	rails := Pool{Prefix: "mellanox.com", Name: "rails", Kind: Exclusive, AllocationPolicy: PolicySpread}
+	storage := Pool{Prefix: "mellanox.com", Name: "storage", Kind: Shared, RdmaHcaMax: 4}
+	for _, d := range devs {
+		switch {
+		case d.IsVF() && d.DeviceID == "101e":
+			rails.Devices = append(rails.Devices, d)
+		case d.PCIAddress == "0000:29:00.0" || d.PCIAddress == "0000:29:00.1":
+			storage.Devices = append(storage.Devices, d)
+		}
+	}
+	require.Len(t, rails.Devices, 32)
+	require.Len(t, storage.Devices, 2)
+	return []Pool{rails, storage}
+}
+
+// source is a ScanFunc whose answer tests change.
+type source struct {
+	mu    sync.Mutex // guards the fields below
+	scan  Scan
+	calls int
+}
+
+func (s *source) set(pools ...Pool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.scan.Pools = pools
+}
+
+func (s *source) fn(bool) (Scan, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	return s.scan, nil
+}
+
+type harness struct {
+	t      testing.TB
+	dir    string
+	stub   *kubeletstub.Stub
+	src    *source
+	links  *ChanLinks
+	opts   Options
+	cancel context.CancelFunc
+	errc   chan error
+}
+
+func newHarness(t testing.TB, mod func(*Options), pools ...Pool) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	h := &harness{t: t, dir: dir, stub: kubeletstub.New(dir), src: &source{}, links: NewChanLinks(), errc: make(chan error, 1)}
+	h.src.set(pools...)
+	require.NoError(t, h.stub.Start())
+	t.Cleanup(h.stub.Stop)
+	h.opts = Options{
+		KubeletDir: dir, HostRoot: fixtureRoot("dgx-h100"), DevInfoDir: filepath.Join(dir, "devinfo"),
+		Scan: h.src.fn, Links: h.links, Log: slog.New(slog.DiscardHandler),
+	}
+	if mod != nil {
+		mod(&h.opts)
+	}
+	return h
+}
+
+func (h *harness) run() {
+	h.t.Helper()
+	m, err := NewManager(h.opts)
+	require.NoError(h.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.errc <- m.Run(ctx) }()
+	h.t.Cleanup(func() { h.stop() })
+}
+
+func (h *harness) stop() error {
+	if h.cancel == nil {
+		return nil
+	}
+	h.cancel()
+	h.cancel = nil
+	select {
+	case err := <-h.errc:
+		return err
+	case <-time.After(10 * time.Second):
+		h.t.Fatal("manager did not stop within 10s")
+	}
+	return nil
+}
+
+// registered waits for registrations of the given resources (any order).
+func (h *harness) registered(resources ...string) map[string]*pluginapi.RegisterRequest {
+	h.t.Helper()
+	got := map[string]*pluginapi.RegisterRequest{}
+	gen := h.stub.Generation()
+	for len(got) < len(resources) {
+		r, err := h.stub.WaitRegistration(5 * time.Second)
+		require.NoError(h.t, err)
+		if r.Generation != gen {
+			continue // a retry that reached the previous kubelet
+		}
+		got[r.Request.ResourceName] = r.Request
+	}
+	for _, r := range resources {
+		require.Contains(h.t, got, r)
+	}
+	return got
+}
+
+func (h *harness) client(endpoint string) pluginapi.DevicePluginClient {
+	h.t.Helper()
+	c, conn, err := h.stub.Dial(endpoint)
+	require.NoError(h.t, err)
+	h.t.Cleanup(func() { conn.Close() })
+	return c
+}
+
+type watch struct {
+	t      testing.TB
+	ch     chan *pluginapi.ListAndWatchResponse
+	cancel context.CancelFunc
+}
+
+func (h *harness) watch(c pluginapi.DevicePluginClient) *watch {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	require.NoError(h.t, err)
+	w := &watch{t: h.t, ch: make(chan *pluginapi.ListAndWatchResponse, 64), cancel: cancel}
+	go func() {
+		defer close(w.ch)
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			w.ch <- r
+		}
+	}()
+	h.t.Cleanup(cancel)
+	return w
+}
+
+func (w *watch) next() *pluginapi.ListAndWatchResponse {
+	w.t.Helper()
+	select {
+	case r, ok := <-w.ch:
+		require.True(w.t, ok, "ListAndWatch stream ended")
+		return r
+	case <-time.After(5 * time.Second):
+		w.t.Fatal("no ListAndWatch update within 5s")
+	}
+	return nil
+}
+
+func health(r *pluginapi.ListAndWatchResponse) map[string]string {
+	m := map[string]string{}
+	for _, d := range r.Devices {
+		m[d.ID] = d.Health
+	}
+	return m
+}
+
+func TestNames(t *testing.T) {
+	for _, tc := range []struct {
+		prefix, name, env, sock string
+	}{
+		{"mellanox.com", "mlnx_sriov_rdma", "PCIDEVICE_MELLANOX_COM_MLNX_SRIOV_RDMA", "mellanox.com_mlnx_sriov_rdma.sock"},
+		{"rdma.example-1.io", "rail-0.a", "PCIDEVICE_RDMA_EXAMPLE_1_IO_RAIL_0_A", "rdma.example-1.io_rail-0.a.sock"},
+		{"nvidia.com", "Hca$Shared", "PCIDEVICE_NVIDIA_COM_HCA_SHARED", "nvidia.com_Hca$Shared.sock"},
+	} {
+		t.Run(tc.prefix+"/"+tc.name, func(t *testing.T) {
+			env := EnvName(tc.prefix, tc.name)
+			require.Equal(t, tc.env, env)
+			require.Regexp(t, `^[A-Z0-9_]+$`, env)
+			require.Equal(t, tc.sock, SocketName(tc.prefix, tc.name))
+		})
+	}
+	// Prefixes have no "_", so the socket name determines prefix and name.
+	require.Error(t, (&Pool{Prefix: "a_b", Name: "c", Kind: Exclusive}).Validate())
+	require.NoError(t, (&Pool{Prefix: "a.b", Name: "c_d", Kind: Exclusive}).Validate())
+	require.NotEqual(t, SocketName("a.b", "c"), SocketName("a", "b.c"))
+}
+
+func TestServeDGX(t *testing.T) {
+	pools := dgxPools(t)
+	cdiDir := filepath.Join(t.TempDir(), "cdi")
+	require.NoError(t, os.MkdirAll(cdiDir, 0o755))
+	foreign := filepath.Join(cdiDir, "vendor-other.json")
+	require.NoError(t, os.WriteFile(foreign, []byte("{}"), 0o644))
+	h := newHarness(t, func(o *Options) { o.CDIDir = cdiDir }, pools...)
+	h.run()
+
+	regs := h.registered("mellanox.com/rails", "mellanox.com/storage")
+	reg := regs["mellanox.com/rails"]
+	require.Equal(t, pluginapi.Version, reg.Version)
+	require.Equal(t, "mellanox.com_rails.sock", reg.Endpoint)
+	require.Equal(t, "mellanox.com/rails", reg.ResourceName)
+	require.True(t, reg.Options.GetPreferredAllocationAvailable)
+	require.False(t, reg.Options.PreStartRequired)
+	require.Equal(t, "mellanox.com_storage.sock", regs["mellanox.com/storage"].Endpoint)
+
+	rails := h.client("mellanox.com_rails.sock")
+	opts, err := rails.GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})
+	require.NoError(t, err)
+	require.True(t, opts.GetPreferredAllocationAvailable)
+	require.False(t, opts.PreStartRequired)
+
+	t.Run("ListAndWatch exclusive", func(t *testing.T) {
+		r := h.watch(rails).next()
+		require.Len(t, r.Devices, 32)
+		require.Equal(t, "0000:18:00.1", r.Devices[0].ID)
+		require.Equal(t, pluginapi.Healthy, r.Devices[0].Health)
+		require.Equal(t, []int64{0}, numa(r.Devices[0]))
+		last := r.Devices[31]
+		require.Equal(t, "0000:dc:00.4", last.ID)
+		require.Equal(t, int64(1), last.Topology.Nodes[0].ID)
+		for _, d := range r.Devices {
+			require.Equal(t, pluginapi.Healthy, d.Health, d.ID)
+			require.Len(t, d.Topology.Nodes, 1, d.ID)
+		}
+	})
+
+	t.Run("Allocate exclusive", func(t *testing.T) {
+		resp, err := rails.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+			{DevicesIds: []string{"0000:40:00.1", "0000:18:00.1"}},
+		}})
+		require.NoError(t, err)
+		require.Len(t, resp.ContainerResponses, 1)
+		cr := resp.ContainerResponses[0]
+		root := fixtureRoot("dgx-h100")
+		spec := func(p string) devSpec { return devSpec{p, root + p, "rw"} }
+		require.Equal(t, []devSpec{
+			spec("/dev/infiniband/uverbs14"), spec("/dev/infiniband/umad12"), spec("/dev/infiniband/issm12"),
+			spec("/dev/infiniband/uverbs18"), spec("/dev/infiniband/umad16"), spec("/dev/infiniband/issm16"),
+			spec("/dev/infiniband/rdma_cm"),
+		}, specs(cr.Devices))
+		require.Equal(t, "0000:18:00.1,0000:40:00.1", cr.Envs["PCIDEVICE_MELLANOX_COM_RAILS"])
+		require.Equal(t, "=mlx5_12:1,mlx5_16:1", cr.Envs["NCCL_IB_HCA"])
+		require.Equal(t, "mlx5_12:1,mlx5_16:1", cr.Envs["UCX_NET_DEVICES"])
+		require.NotContains(t, cr.Envs, "NCCL_IB_GID_INDEX")
+		require.Len(t, cr.Envs, 4)
+		var info map[string]DeviceInfo
+		require.NoError(t, json.Unmarshal([]byte(cr.Envs["PCIDEVICE_MELLANOX_COM_RAILS_INFO"]), &info))
+		require.Equal(t, DeviceInfo{
+			PCIAddress: "0000:18:00.1", RDMADevice: "mlx5_12",
+			CharDevices: []string{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"},
+			Netdev:      "ibp24s0v0", PFPCIAddress: "0000:18:00.0", PFNetdev: "ibp24s0", LinkType: "InfiniBand", NUMANode: 0,
+		}, info["0000:18:00.1"])
+		require.Equal(t, "mlx5_16", info["0000:40:00.1"].RDMADevice)
+		require.Len(t, info, 2)
+		require.Len(t, cr.CdiDevices, 2)
+		require.Equal(t, "mellanox.com/rails=0000:18:00.1", cr.CdiDevices[0].Name)
+		require.Equal(t, "mellanox.com/rails=0000:40:00.1", cr.CdiDevices[1].Name)
+
+		// device-info-spec v1.1.0 file, read-only.
+		path := filepath.Join(h.dir, "devinfo", "mellanox.com-rails-0000:18:00.1-device.json")
+		st, err := os.Stat(path)
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o444), st.Mode().Perm())
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.JSONEq(t, `{"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:18:00.1","rdma-device":"mlx5_12","pf-pci-address":"0000:18:00.0"}}`, string(data))
+	})
+
+	t.Run("Allocate errors", func(t *testing.T) {
+		many := make([]string, 33)
+		for i := range many {
+			many[i] = "0000:18:00.1"
+		}
+		for _, tc := range []struct {
+			name string
+			reqs [][]string
+			want string
+		}{
+			{"unknown", [][]string{{"0000:18:00.1"}, {"0000:99:00.1"}}, `"0000:99:00.1"`},
+			{"too many", [][]string{many}, "exceeds the pool's 32"},
+			{"twice", [][]string{{"0000:18:00.2", "0000:18:00.2"}}, `"0000:18:00.2" requested twice`},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				req := &pluginapi.AllocateRequest{}
+				for _, ids := range tc.reqs {
+					req.ContainerRequests = append(req.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
+				}
+				_, err := rails.Allocate(context.Background(), req)
+				require.Equal(t, codes.InvalidArgument, status.Code(err), err)
+				require.Contains(t, err.Error(), tc.want)
+			})
+		}
+		// Nothing of the failed requests was written.
+		_, err := os.Stat(filepath.Join(h.dir, "devinfo", "mellanox.com-rails-0000:18:00.2-device.json"))
+		require.ErrorIs(t, err, os.ErrNotExist)
+	})
+
+	t.Run("GetPreferredAllocation", func(t *testing.T) {
+		var all []string
+		for _, d := range pools[0].Devices {
+			all = append(all, d.PCIAddress)
+		}
+		for _, tc := range []struct {
+			name      string
+			available []string
+			must      []string
+			size      int32
+			want      []string
+		}{
+			{"8 rails spread", all, nil, 8, []string{
+				"0000:18:00.1", "0000:40:00.1", "0000:4f:00.1", "0000:5e:00.1",
+				"0000:9a:00.1", "0000:c0:00.1", "0000:ce:00.1", "0000:dc:00.1"}},
+			{"4 fit on NUMA 0", all, nil, 4, []string{"0000:18:00.1", "0000:40:00.1", "0000:4f:00.1", "0000:5e:00.1"}},
+			{"must on NUMA 1 keeps NUMA 1", all, []string{"0000:ce:00.3"}, 3, []string{"0000:ce:00.3", "0000:9a:00.1", "0000:c0:00.1"}},
+			{"NUMA 0 short", []string{"0000:18:00.1", "0000:9a:00.1", "0000:9a:00.2", "0000:c0:00.1"}, nil, 2, []string{"0000:9a:00.1", "0000:c0:00.1"}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				resp, err := rails.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
+					ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+						AvailableDeviceIDs: tc.available, MustIncludeDeviceIDs: tc.must, AllocationSize: tc.size,
+					}},
+				})
+				require.NoError(t, err)
+				require.Len(t, resp.ContainerResponses, 1)
+				require.Equal(t, tc.want, resp.ContainerResponses[0].DeviceIDs)
+			})
+		}
+	})
+
+	t.Run("shared", func(t *testing.T) {
+		storage := h.client("mellanox.com_storage.sock")
+		r := h.watch(storage).next()
+		require.Len(t, r.Devices, 4)
+		for i, d := range r.Devices {
+			require.Equal(t, []string{"storage-numa0-000", "storage-numa0-001", "storage-numa0-002", "storage-numa0-003"}[i], d.ID)
+			require.Equal(t, pluginapi.Healthy, d.Health)
+			require.Equal(t, []int64{0}, numa(d))
+		}
+		resp, err := storage.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+			{DevicesIds: []string{"storage-numa0-002"}},
+		}})
+		require.NoError(t, err)
+		cr := resp.ContainerResponses[0]
+		var paths []string
+		for _, d := range cr.Devices {
+			paths = append(paths, d.ContainerPath)
+			require.Equal(t, fixtureRoot("dgx-h100")+d.ContainerPath, d.HostPath)
+		}
+		// Only the pool's two HCAs (mlx5_8 -> uverbs10, mlx5_9 -> uverbs11), not the node's others.
+		require.Equal(t, []string{
+			"/dev/infiniband/uverbs10", "/dev/infiniband/umad8", "/dev/infiniband/issm8",
+			"/dev/infiniband/uverbs11", "/dev/infiniband/umad9", "/dev/infiniband/issm9",
+			"/dev/infiniband/rdma_cm",
+		}, paths)
+		require.Equal(t, "0000:29:00.0,0000:29:00.1", cr.Envs["PCIDEVICE_MELLANOX_COM_STORAGE"])
+		require.Equal(t, "=mlx5_8:1,mlx5_9:1", cr.Envs["NCCL_IB_HCA"])
+		require.Equal(t, "mlx5_8:1,mlx5_9:1", cr.Envs["UCX_NET_DEVICES"])
+	})
+
+	t.Run("CDI spec", func(t *testing.T) {
+		data, err := os.ReadFile(filepath.Join(cdiDir, "fastpath-mellanox.com_rails.json"))
+		require.NoError(t, err)
+		var spec struct {
+			Version string `json:"cdiVersion"`
+			Kind    string `json:"kind"`
+			Devices []struct {
+				Name           string `json:"name"`
+				ContainerEdits struct {
+					DeviceNodes []struct{ Path, HostPath, Permissions string } `json:"deviceNodes"`
+				} `json:"containerEdits"`
+			} `json:"devices"`
+		}
+		require.NoError(t, json.Unmarshal(data, &spec))
+		require.Equal(t, "0.5.0", spec.Version)
+		require.Equal(t, "mellanox.com/rails", spec.Kind)
+		require.Len(t, spec.Devices, 32)
+		require.Equal(t, "0000:18:00.1", spec.Devices[0].Name)
+		require.Equal(t, "/dev/infiniband/uverbs14", spec.Devices[0].ContainerEdits.DeviceNodes[0].Path)
+		require.Equal(t, fixtureRoot("dgx-h100")+"/dev/infiniband/uverbs14", spec.Devices[0].ContainerEdits.DeviceNodes[0].HostPath)
+		require.Equal(t, "rw", spec.Devices[0].ContainerEdits.DeviceNodes[0].Permissions)
+	})
+
+	// Stop: sockets, device-info files and our CDI specs go; others stay.
+	require.NoError(t, h.stop())
+	for _, p := range []string{"mellanox.com_rails.sock", "mellanox.com_storage.sock", "devinfo/mellanox.com-rails-0000:18:00.1-device.json"} {
+		_, err := os.Stat(filepath.Join(h.dir, p))
+		require.ErrorIs(t, err, os.ErrNotExist, p)
+	}
+	left, err := filepath.Glob(filepath.Join(cdiDir, "*"))
+	require.NoError(t, err)
+	require.Equal(t, []string{foreign}, left)
+}
+
+func TestHealthEvents(t *testing.T) {
+	pools := dgxPools(t)
+	h := newHarness(t, nil, pools...)
+	h.run()
+	h.registered("mellanox.com/rails", "mellanox.com/storage")
+	rails := h.client("mellanox.com_rails.sock")
+	w := h.watch(rails)
+	require.Len(t, w.next().Devices, 32)
+	ws := h.watch(h.client("mellanox.com_storage.sock"))
+	require.Len(t, ws.next().Devices, 4)
+
+	// PF ibp24s0 oper-down: its four VFs go unhealthy.
+	h.links.C <- LinkEvent{Name: "ibp24s0", Up: false}
+	hl := health(w.next())
+	for _, id := range []string{"0000:18:00.1", "0000:18:00.2", "0000:18:00.3", "0000:18:00.4"} {
+		require.Equal(t, pluginapi.Unhealthy, hl[id], id)
+	}
+	require.Equal(t, pluginapi.Healthy, hl["0000:40:00.1"])
+	unhealthy := 0
+	for _, v := range hl {
+		if v == pluginapi.Unhealthy {
+			unhealthy++
+		}
+	}
+	require.Equal(t, 4, unhealthy)
+
+	h.links.C <- LinkEvent{Name: "ibp24s0", Up: true}
+	for id, v := range health(w.next()) {
+		require.Equal(t, pluginapi.Healthy, v, id)
+	}
+
+	// A VF's netdev disappears: unhealthy; it comes back: healthy.
+	h.links.C <- LinkEvent{Name: "ibp64s0v2", Deleted: true}
+	require.Equal(t, pluginapi.Unhealthy, health(w.next())["0000:40:00.3"])
+	h.links.C <- LinkEvent{Name: "ibp64s0v2", Up: false}
+	require.Equal(t, pluginapi.Healthy, health(w.next())["0000:40:00.3"])
+
+	// An allocated VF's netdev leaving (moved into the pod) is not a fault.
+	_, err := rails.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+		{DevicesIds: []string{"0000:4f:00.1"}},
+	}})
+	require.NoError(t, err)
+	h.links.C <- LinkEvent{Name: "ibp79s0v0", Deleted: true}
+	// The next change proves the previous event was processed without an update.
+	h.links.C <- LinkEvent{Name: "ibp94s0", Up: false}
+	hl = health(w.next())
+	require.Equal(t, pluginapi.Healthy, hl["0000:4f:00.1"])
+	require.Equal(t, pluginapi.Unhealthy, hl["0000:5e:00.1"])
+
+	// The shared pool's HCA going down: shared slots stay while one HCA is up.
+	h.links.C <- LinkEvent{Name: "enp41s0f0np0", Up: false}
+	h.links.C <- LinkEvent{Name: "enp41s0f1np1", Up: false}
+	for id, v := range health(ws.next()) {
+		require.Equal(t, pluginapi.Unhealthy, v, id)
+	}
+	h.links.C <- LinkEvent{Name: "enp41s0f1np1", Up: true}
+	for id, v := range health(ws.next()) {
+		require.Equal(t, pluginapi.Healthy, v, id)
+	}
+}
+
+type devSpec struct{ ContainerPath, HostPath, Permissions string }
+
+func specs(in []*pluginapi.DeviceSpec) []devSpec {
+	out := make([]devSpec, len(in))
+	for i, d := range in {
+		out[i] = devSpec{d.ContainerPath, d.HostPath, d.Permissions}
+	}
+	return out
+}
+
+func numa(d *pluginapi.Device) []int64 {
+	if d.Topology == nil {
+		return nil
+	}
+	var out []int64
+	for _, n := range d.Topology.Nodes {
+		out = append(out, n.ID)
+	}
+	return out
+}

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/kubeletstub"
+	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// binary builds rdma-device-plugin once per test run.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fastpath-dp-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "rdma-device-plugin")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+// daemon is the real binary serving a fixture host to a kubelet stub.
+type daemon struct {
+	t       *testing.T
+	dir     string // kubelet dir
+	devinfo string
+	cdi     string
+	metrics string
+	stub    *kubeletstub.Stub
+	cmd     *exec.Cmd
+	log     *bytes.Buffer
+	done    chan error
+}
+
+func startDaemon(t *testing.T, host, config string) *daemon {
+	t.Helper()
+	bin := binary(t)
+	base := t.TempDir()
+	d := &daemon{
+		t: t, dir: filepath.Join(base, "kubelet"), devinfo: filepath.Join(base, "devinfo"), cdi: filepath.Join(base, "cdi"),
+		metrics: freePort(t), log: &bytes.Buffer{}, done: make(chan error, 1),
+	}
+	require.NoError(t, os.MkdirAll(d.dir, 0o755))
+	d.stub = kubeletstub.New(d.dir)
+	require.NoError(t, d.stub.Start())
+	t.Cleanup(d.stub.Stop)
+	d.cmd = exec.Command(bin, "--host-root", host, "--config", config, "--kubelet-dir", d.dir,
+		"--devinfo-dir", d.devinfo, "--cdi-spec-dir", d.cdi, "--metrics-addr", d.metrics)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	require.NoError(t, d.cmd.Start())
+	go func() { d.done <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		if d.cmd.ProcessState == nil {
+			_ = d.cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.log.String())
+		}
+	})
+	return d
+}
+
+func (d *daemon) registrations(resources ...string) map[string]*pluginapi.RegisterRequest {
+	d.t.Helper()
+	got := map[string]*pluginapi.RegisterRequest{}
+	for len(got) < len(resources) {
+		r, err := d.stub.WaitRegistration(10 * time.Second)
+		require.NoError(d.t, err, "log:\n%s", d.log.String())
+		got[r.Request.ResourceName] = r.Request
+	}
+	for _, r := range resources {
+		require.Contains(d.t, got, r)
+	}
+	return got
+}
+
+func (d *daemon) client(endpoint string) pluginapi.DevicePluginClient {
+	d.t.Helper()
+	c, conn, err := d.stub.Dial(endpoint)
+	require.NoError(d.t, err)
+	d.t.Cleanup(func() { conn.Close() })
+	return c
+}
+
+func (d *daemon) stop() {
+	d.t.Helper()
+	require.NoError(d.t, d.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-d.done:
+		require.NoError(d.t, err, "exit after SIGTERM; log:\n%s", d.log.String())
+	case <-time.After(10 * time.Second):
+		d.t.Fatal("no exit within 10 s of SIGTERM")
+	}
+}
+
+func health(r *pluginapi.ListAndWatchResponse) map[string]string {
+	out := map[string]string{}
+	for _, d := range r.Devices {
+		out[d.ID] = d.Health
+	}
+	return out
+}
+
+func TestServeFixtureHost(t *testing.T) {
+	d := startDaemon(t, fixture("dgx-h100"), config("combined.json"))
+	regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "mellanox.com/hca_shared_devices_a")
+	r := regs["mellanox.com/mlnx_sriov_rdma"]
+	require.Equal(t, pluginapi.Version, r.Version)
+	require.Equal(t, "mellanox.com_mlnx_sriov_rdma.sock", r.Endpoint)
+	require.True(t, r.Options.GetPreferredAllocationAvailable)
+	require.Equal(t, "mellanox.com_hca_shared_devices_a.sock", regs["mellanox.com/hca_shared_devices_a"].Endpoint)
+
+	c := d.client(r.Endpoint)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	require.NoError(t, err)
+	lw, err := stream.Recv()
+	require.NoError(t, err)
+	require.Len(t, lw.Devices, 32)
+	for _, dev := range lw.Devices {
+		require.Equal(t, pluginapi.Healthy, dev.Health, dev.ID)
+		require.Len(t, dev.Topology.Nodes, 1, dev.ID)
+	}
+
+	// A rail-optimised 8-GPU pod: spread puts one VF on each of the 8 rails.
+	var avail []string
+	for _, dev := range lw.Devices {
+		avail = append(avail, dev.ID)
+	}
+	pref, err := c.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
+		{AvailableDeviceIDs: avail, AllocationSize: 8},
+	}})
+	require.NoError(t, err)
+	pfs := map[string]bool{}
+	for _, id := range pref.ContainerResponses[0].DeviceIDs {
+		pfs[id[:len(id)-1]] = true
+	}
+	require.Len(t, pfs, 8, "one VF per rail: %v", pref.ContainerResponses[0].DeviceIDs)
+
+	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"0000:18:00.1"}}}})
+	require.NoError(t, err)
+	cr := resp.ContainerResponses[0]
+	require.Equal(t, "0000:18:00.1", cr.Envs["PCIDEVICE_MELLANOX_COM_MLNX_SRIOV_RDMA"])
+	require.Equal(t, "=mlx5_12:1", cr.Envs["NCCL_IB_HCA"])
+	require.Equal(t, "mlx5_12:1", cr.Envs["UCX_NET_DEVICES"])
+	var info map[string]map[string]any
+	require.NoError(t, json.Unmarshal([]byte(cr.Envs["PCIDEVICE_MELLANOX_COM_MLNX_SRIOV_RDMA_INFO"]), &info))
+	require.Equal(t, "mlx5_12", info["0000:18:00.1"]["rdmaDevice"])
+	require.Equal(t, "ibp24s0v0", info["0000:18:00.1"]["netdev"])
+	require.Equal(t, "0000:18:00.0", info["0000:18:00.1"]["pfPciAddress"])
+	var paths []string
+	for _, s := range cr.Devices {
+		require.Equal(t, filepath.Join(fixture("dgx-h100"), s.ContainerPath), s.HostPath)
+		require.Equal(t, "rw", s.Permissions)
+		paths = append(paths, s.ContainerPath)
+	}
+	require.Equal(t, []string{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"}, paths)
+	require.Equal(t, []*pluginapi.CDIDevice{{Name: "mellanox.com/mlnx_sriov_rdma=0000:18:00.1"}}, cr.CdiDevices)
+
+	infoFile := filepath.Join(d.devinfo, "mellanox.com-mlnx_sriov_rdma-0000:18:00.1-device.json")
+	st, err := os.Stat(infoFile)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o444), st.Mode().Perm())
+	cdiSpecs, err := filepath.Glob(filepath.Join(d.cdi, "*"))
+	require.NoError(t, err)
+	require.NotEmpty(t, cdiSpecs)
+
+	_, err = c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"0000:99:00.1"}}}})
+	require.ErrorContains(t, err, `unknown device ID "0000:99:00.1"`)
+
+	get := func(path string) string {
+		res, err := http.Get("http://" + d.metrics + path)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		require.Equal(t, http.StatusOK, res.StatusCode)
+		b, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return string(b)
+	}
+	require.Equal(t, "ok\n", get("/healthz"))
+	m := get("/metrics")
+	require.Contains(t, m, `fastpath_device_plugin_devices{resource="mellanox.com/mlnx_sriov_rdma"} 32`)
+	require.Contains(t, m, `fastpath_device_plugin_allocated_devices_total{resource="mellanox.com/mlnx_sriov_rdma"} 1`)
+
+	d.stop()
+	left, err := filepath.Glob(filepath.Join(d.dir, "mellanox.com_*"))
+	require.NoError(t, err)
+	require.Empty(t, left, "sockets removed on SIGTERM")
+	_, err = os.Stat(infoFile)
+	require.ErrorIs(t, err, os.ErrNotExist, "device-info files removed on SIGTERM")
+	cdiSpecs, _ = filepath.Glob(filepath.Join(d.cdi, "*"))
+	require.Empty(t, cdiSpecs, "CDI specs removed on SIGTERM")
+	require.Contains(t, d.log.String(), `"msg":"registered with kubelet"`)
+}
+
+// TestServeLinkHealth sets a veth named as the fixture's rail-0 PF netdev
+// down and up in the host netns: the real netlink subscription must mark
+// that PF's VFs Unhealthy, then Healthy.
+func TestServeLinkHealth(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a veth named as a fixture PF netdev in the host netns")
+	}
+	const pf, peer = "ibp24s0", "fpt-ibp24s0-p"
+	if _, err := netlink.LinkByName(pf); err == nil {
+		t.Skipf("an interface %s already exists on this host", pf)
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: pf}, PeerName: peer}
+	require.NoError(t, netlink.LinkAdd(veth))
+	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
+	peerLink, err := netlink.LinkByName(peer)
+	require.NoError(t, err)
+	require.NoError(t, netlink.LinkSetUp(peerLink))
+	require.NoError(t, netlink.LinkSetUp(veth))
+
+	d := startDaemon(t, fixture("dgx-h100"), config("sriov-dp.json"))
+	regs := d.registrations("mellanox.com/mlnx_sriov_rdma")
+	c := d.client(regs["mellanox.com/mlnx_sriov_rdma"].Endpoint)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	require.NoError(t, err)
+	rail0 := []string{"0000:18:00.1", "0000:18:00.2", "0000:18:00.3", "0000:18:00.4"}
+	waitFor := func(want string) {
+		t.Helper()
+		for {
+			r, err := stream.Recv()
+			require.NoError(t, err, "waiting for rail 0 VFs %s", want)
+			h := health(r)
+			ok := true
+			for _, id := range rail0 {
+				ok = ok && h[id] == want
+			}
+			if ok {
+				require.Equal(t, pluginapi.Healthy, h["0000:40:00.1"], "other rails are not affected")
+				return
+			}
+		}
+	}
+	waitFor(pluginapi.Healthy)
+	require.NoError(t, netlink.LinkSetDown(veth))
+	waitFor(pluginapi.Unhealthy)
+	require.NoError(t, netlink.LinkSetUp(veth))
+	waitFor(pluginapi.Healthy)
+	d.stop()
+}
+
+func TestServeStartupErrors(t *testing.T) {
+	noDev := t.TempDir()
+	require.NoError(t, fx.Write(noDev, "dgx-h100"))
+	require.NoError(t, os.RemoveAll(filepath.Join(noDev, "dev", "infiniband")))
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing config", []string{"--host-root", fixture("dgx-h100"), "--config", "/nonexistent/config.json"}, "pool config file does not exist: /nonexistent/config.json"},
+		{"broken config", []string{"--host-root", fixture("dgx-h100"), "--config", "serve_test.go"}, "invalid JSON"},
+		{"no char devices", []string{"--host-root", noDev, "--config", config("sriov-dp.json")}, "is the mlx5_ib / ib_uverbs module loaded"},
+		{"bad log level", []string{"--log-level", "loud"}, `--log-level "loud"`},
+		{"stray argument", []string{"serve", "now"}, `unexpected argument "now"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append(tt.args, "--kubelet-dir", t.TempDir(), "--metrics-addr", "")
+			var errs bytes.Buffer
+			err := run(context.Background(), args, io.Discard, &errs)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tt.want)
+		})
+	}
+	// The binary exits non-zero and says why.
+	out, err := exec.Command(binary(t), "--config", "/nonexistent/config.json", "--metrics-addr", "").CombinedOutput()
+	require.Error(t, err)
+	require.True(t, strings.Contains(string(out), "pool config file does not exist"), string(out))
+}
