@@ -76,8 +76,27 @@ type daemon struct {
 	metrics string
 	stub    *kubeletstub.Stub
 	cmd     *exec.Cmd
-	log     *bytes.Buffer
+	log     *syncBuffer
 	done    chan error
+}
+
+// syncBuffer is a bytes.Buffer the daemon's output goroutines write while
+// the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func startDaemon(t *testing.T, host, config string) *daemon {
@@ -86,7 +105,7 @@ func startDaemon(t *testing.T, host, config string) *daemon {
 	base := t.TempDir()
 	d := &daemon{
 		t: t, dir: filepath.Join(base, "kubelet"), devinfo: filepath.Join(base, "devinfo"), cdi: filepath.Join(base, "cdi"),
-		metrics: freePort(t), log: &bytes.Buffer{}, done: make(chan error, 1),
+		metrics: freePort(t), log: &syncBuffer{}, done: make(chan error, 1),
 	}
 	require.NoError(t, os.MkdirAll(d.dir, 0o755))
 	d.stub = kubeletstub.New(d.dir)

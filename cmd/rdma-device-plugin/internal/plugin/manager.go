@@ -25,6 +25,10 @@ import (
 // directory.
 const KubeletSocket = "kubelet.sock"
 
+// settleDelay is how long a burst of events in the kubelet directory is
+// let settle before the servers are reconciled with it.
+const settleDelay = 20 * time.Millisecond
+
 // Scan is one result of scanning the host and building the pools.
 type Scan struct {
 	Pools []Pool
@@ -75,6 +79,10 @@ type Manager struct {
 	interval time.Duration
 	// kubelet is the identity of the kubelet.sock we registered with.
 	kubelet fileID
+	// kubeletGone is set by a Remove event of kubelet.sock: the next one
+	// seen is a new kubelet even when the file system reuses the inode and
+	// the (coarse) ctime matches.
+	kubeletGone bool
 	// registered are the resources registered with that kubelet.
 	registered map[string]bool
 
@@ -167,6 +175,13 @@ func (m *Manager) Run(ctx context.Context) (err error) {
 		}
 	}
 	schedule(m.reconcile(ctx))
+	// A starting kubelet empties the directory and then creates
+	// kubelet.sock: a burst of events. They are let settle and answered
+	// with one reconcile, so that a late event of the burst does not
+	// restart servers the kubelet has just connected to.
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	defer settle.Stop()
 
 	for {
 		select {
@@ -182,8 +197,14 @@ func (m *Manager) Run(ctx context.Context) (err error) {
 			case dir == filepath.Clean(m.opts.KubeletDir):
 				// Events can arrive after the state they describe changed
 				// again; reconcile looks at the directory, not the event.
+				if base == KubeletSocket && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) {
+					// Whatever kubelet.sock exists after this is a new
+					// kubelet, even when the file system hands it the old
+					// inode and (coarse) ctime.
+					m.kubeletGone = true
+				}
 				if base == KubeletSocket || m.ownSocket(ev.Name) {
-					schedule(m.reconcile(ctx))
+					settle.Reset(settleDelay)
 				}
 			case configDir != "" && dir == configDir:
 				// ConfigMap volumes swap a "..data" symlink, so any write,
@@ -207,6 +228,8 @@ func (m *Manager) Run(ctx context.Context) (err error) {
 			m.linkEvent(ev)
 		case <-ticker.c():
 			m.rescan(ctx, false, ticker)
+		case <-settle.C:
+			schedule(m.reconcile(ctx))
 		case <-retry.C:
 			schedule(m.reconcile(ctx))
 		}
@@ -429,7 +452,8 @@ func (m *Manager) reconcile(ctx context.Context) bool {
 		clear(m.registered)
 		return true // the Create event of kubelet.sock wakes us
 	}
-	restartAll := id != m.kubelet
+	restartAll := id != m.kubelet || m.kubeletGone
+	m.kubeletGone = false
 	if restartAll && m.kubelet != (fileID{}) {
 		m.log.Info("kubelet restarted; re-registering", "socket", m.kubeletSock())
 	}
@@ -480,6 +504,15 @@ func (m *Manager) reconcile(ctx context.Context) bool {
 		m.opts.Metrics.registered(r, err)
 		if err != nil {
 			m.log.Warn("register with kubelet failed; will retry", "resource", r, "err", err)
+			ok = false
+			continue
+		}
+		// The kubelet empties the directory when it starts: if that
+		// happened between our check and the call, the registration
+		// names a socket that is gone. Retry; the Remove event restarts
+		// the server.
+		if _, err := os.Lstat(filepath.Join(m.opts.KubeletDir, SocketName(p.Prefix, p.Name))); err != nil {
+			m.log.Info("socket removed while registering; will retry", "resource", r)
 			ok = false
 			continue
 		}

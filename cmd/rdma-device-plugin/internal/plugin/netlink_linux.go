@@ -28,7 +28,9 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 		ListExisting: true,
 		Namespace:    n.NS,
 		ErrorCallback: func(err error) {
-			if n.OnError != nil {
+			// Closing the subscription on ctx's end fails its pending
+			// receive: that is a stop, not a fault.
+			if n.OnError != nil && ctx.Err() == nil {
 				n.OnError(err)
 			}
 		},

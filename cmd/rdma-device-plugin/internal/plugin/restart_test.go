@@ -46,12 +46,20 @@ func TestKubeletRestart(t *testing.T) {
 		start := time.Now()
 		require.NoError(t, h.stub.Restart())
 		regs := h.registered("mellanox.com/rails", "mellanox.com/storage")
+		require.Equal(t, "mellanox.com_rails.sock", regs["mellanox.com/rails"].Endpoint)
+		// A registration can race the restart's wipe of the directory;
+		// the plugin then serves again and re-registers within the budget.
+		require.Eventually(t, func() bool {
+			for _, s := range []string{"mellanox.com_rails.sock", "mellanox.com_storage.sock"} {
+				if _, err := os.Stat(filepath.Join(h.dir, s)); err != nil {
+					return false
+				}
+			}
+			return true
+		}, time.Second, time.Millisecond)
 		if d := time.Since(start); d > worst {
 			worst = d
 		}
-		require.Equal(t, "mellanox.com_rails.sock", regs["mellanox.com/rails"].Endpoint)
-		_, err := os.Stat(filepath.Join(h.dir, "mellanox.com_rails.sock"))
-		require.NoError(t, err)
 	}
 	require.Less(t, worst, time.Second, "re-registration took %v", worst)
 	// The plugin serves after the last restart.
