@@ -1,0 +1,43 @@
+# fastpath image: the kubelet device plugin and the `sriov` CNI plugin, as
+# static binaries, with the PCI ID database for model names.
+#
+#   docker build -t REGISTRY/fastpath:TAG .
+#
+# /usr/bin/rdma-device-plugin  the device plugin (deployments/20-daemonset.yaml)
+# /usr/bin/sriov               the CNI plugin, copied to the node's /opt/cni/bin
+#                              by the DaemonSet's init container
+
+FROM --platform=$BUILDPLATFORM golang:1.26 AS build
+ARG TARGETOS=linux
+ARG TARGETARCH
+# Model names in `rdma-device-plugin discover` come from pci.ids, never from
+# the network. Debian's pci.ids package puts it at /usr/share/misc/pci.ids.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends pci.ids \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ENV CGO_ENABLED=0
+RUN GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "-s -w" -o /out/rdma-device-plugin ./cmd/rdma-device-plugin \
+ && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "-s -w" -o /out/sriov ./cmd/sriov-cni
+
+# Debian slim rather than distroless: the init container installs the CNI
+# binary with sh, cp and mv (copy to a temporary name, then rename).
+FROM debian:trixie-slim
+LABEL org.opencontainers.image.title="fastpath" \
+      org.opencontainers.image.description="RDMA device plugin and SR-IOV CNI for ConnectX NICs" \
+      org.opencontainers.image.source="https://github.com/fastpath-k8s/fastpath"
+# The plugin looks for pci.ids under its --host-root: with the default "/" it
+# finds this copy; with --host-root=/host it uses the node's own.
+COPY --from=build /usr/share/misc/pci.ids /usr/share/misc/pci.ids
+COPY --from=build /out/rdma-device-plugin /usr/bin/rdma-device-plugin
+COPY --from=build /out/sriov /usr/bin/sriov
+# Non-root by default (`discover` only reads sysfs). The DaemonSet runs both
+# containers as root, without capabilities: the device plugin creates its
+# sockets in the kubelet's root-owned /var/lib/kubelet/device-plugins, writes
+# device-info files under /var/run, and lists /dev/infiniband; the init
+# container writes to the node's root-owned /opt/cni/bin.
+USER 65532:65532
+ENTRYPOINT ["/usr/bin/rdma-device-plugin"]
