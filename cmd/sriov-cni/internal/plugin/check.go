@@ -1,0 +1,192 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ip"
+
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
+)
+
+// Check verifies that the attachment is as ADD left it: the interface,
+// its MAC and MTU, its addresses and routes, and where the RDMA device is.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	ctx := context.Background()
+	c, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := p.logger(c, args)
+	defer closeLog()
+	if c.PrevResult == nil {
+		return invalidConf("CHECK needs prevResult")
+	}
+	prev, err := current.NewResultFromResult(c.PrevResult)
+	if err != nil {
+		return invalidConf("prevResult: %v", err)
+	}
+	_, st, err := p.attachment(c, args)
+	if err != nil {
+		return err
+	}
+	if st == nil {
+		return types.NewError(types.ErrUnknownContainer,
+			fmt.Sprintf("no attachment of container %s interface %s on network %q", args.ContainerID, args.IfName, c.Name), "")
+	}
+	if st.Phase != PhaseAdded {
+		return fail(0, st.PCIAddress, "check", fmt.Errorf("attachment is in phase %q, not %q", st.Phase, PhaseAdded))
+	}
+	vf := st.PCIAddress
+	if c.IPAM.Type != "" {
+		if _, err := ipamCall(ctx, "CHECK", args, c.IPAM.Type, args.StdinData); err != nil {
+			return fail(0, vf, "IPAM "+c.IPAM.Type+" CHECK", err)
+		}
+	}
+	if st.VFIO {
+		return nil
+	}
+	pod, err := netns.Open(args.Netns)
+	if err != nil {
+		return fail(types.ErrInvalidNetNS, vf, "open pod netns", err)
+	}
+	defer pod.Close()
+	l, err := pod.Handle().LinkByName(args.IfName)
+	if err != nil {
+		return fail(0, vf, "check", fmt.Errorf("%s not in the pod netns: %w", args.IfName, err))
+	}
+	a := l.Attrs()
+	var wrong []error
+	if a.Alias != st.HostName {
+		wrong = append(wrong, fmt.Errorf("%s is not the VF's netdev %s (alias %q)", args.IfName, st.HostName, a.Alias))
+	}
+	if want := st.PodMACOrActual(); a.HardwareAddr.String() != want {
+		wrong = append(wrong, fmt.Errorf("MAC is %s, want %s", a.HardwareAddr, want))
+	}
+	if st.PodMTU != 0 && a.MTU != st.PodMTU {
+		wrong = append(wrong, fmt.Errorf("MTU is %d, want %d", a.MTU, st.PodMTU))
+	}
+	for _, iface := range prev.Interfaces {
+		if iface.Name == args.IfName && iface.Mac != "" && iface.Mac != a.HardwareAddr.String() {
+			wrong = append(wrong, fmt.Errorf("MAC is %s, prevResult says %s", a.HardwareAddr, iface.Mac))
+		}
+	}
+	if err := pod.Do(func() error {
+		if err := ip.ValidateExpectedInterfaceIPs(args.IfName, prev.IPs); err != nil {
+			return err
+		}
+		return ip.ValidateExpectedRoute(prev.Routes)
+	}); err != nil {
+		wrong = append(wrong, err)
+	}
+	if st.RDMAMoved {
+		in, err := p.RDMA.Present(st.RDMADevice, pod)
+		switch {
+		case err != nil:
+			wrong = append(wrong, fmt.Errorf("RDMA device %s: %w", st.RDMADevice, err))
+		case !in:
+			wrong = append(wrong, fmt.Errorf("RDMA device %s is not in the pod netns", st.RDMADevice))
+		}
+	}
+	if len(wrong) > 0 {
+		return fail(0, vf, "check", errors.Join(wrong...))
+	}
+	log.Debug("check passed", "vf", vf)
+	return nil
+}
+
+// Status reports whether the plugin can serve ADDs: its state directory is
+// writable, the IPAM plugin says it is ready, and, with rdmaIsolation, the
+// RDMA subsystem is in exclusive mode.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	ctx := context.Background()
+	c, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	unavailable := func(format string, a ...any) error {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf(format, a...), "")
+	}
+	store, err := NewStore(c.StateDir)
+	if err != nil {
+		return unavailable("state dir: %v", err)
+	}
+	f, err := os.CreateTemp(store.dir, ".status-*")
+	if err != nil {
+		return unavailable("state dir %s is not writable: %v", store.dir, err)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	if c.RDMAIsolation {
+		mode, err := p.RDMA.NetnsMode()
+		if err != nil {
+			return unavailable("rdmaIsolation: %v", err)
+		}
+		if mode != RDMAModeExclusive {
+			return unavailable("rdmaIsolation: RDMA netns mode is %q; run `rdma system set netns exclusive`", mode)
+		}
+	}
+	if c.IPAM.Type != "" {
+		if _, err := ipamCall(ctx, "STATUS", &skel.CmdArgs{Path: args.Path}, c.IPAM.Type, args.StdinData); err != nil {
+			return fmt.Errorf("IPAM %s STATUS: %w", c.IPAM.Type, err)
+		}
+	}
+	return nil
+}
+
+// GC tears down every attachment of this network that is not in
+// cni.dev/valid-attachments — state, lock, VF and address — then lets the
+// IPAM plugin collect its own leftovers.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	ctx := context.Background()
+	c, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := p.logger(c, nil)
+	defer closeLog()
+	store, err := NewStore(c.StateDir)
+	if err != nil {
+		return fail(types.ErrIOFailure, "", "open state", err)
+	}
+	valid := map[types.GCAttachment]bool{}
+	for _, a := range c.ValidAttachments {
+		valid[a] = true
+	}
+	vfs, err := store.List()
+	if err != nil {
+		return fail(types.ErrIOFailure, "", "list state", err)
+	}
+	var errs []error
+	for _, vf := range vfs {
+		st, err := store.Load(vf)
+		if err != nil {
+			log.Warn("unreadable state skipped", "vf", vf, "err", err)
+			continue
+		}
+		if st.Network != c.Name || valid[types.GCAttachment{ContainerID: st.ContainerID, IfName: st.IfName}] {
+			continue
+		}
+		// Release it as a DEL of that attachment would.
+		a := &skel.CmdArgs{ContainerID: st.ContainerID, Netns: st.Netns, IfName: st.IfName, Path: args.Path, StdinData: args.StdinData}
+		if err := p.detach(ctx, log, store, vf, a, c.Name, true); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		log.Info("collected stale attachment", "vf", vf, "container", shortID(st.ContainerID), "ifname", st.IfName)
+	}
+	if c.IPAM.Type != "" {
+		if _, err := ipamCall(ctx, "GC", &skel.CmdArgs{Path: args.Path}, c.IPAM.Type, args.StdinData); err != nil {
+			errs = append(errs, fmt.Errorf("IPAM %s GC: %w", c.IPAM.Type, err))
+		}
+	}
+	if len(errs) > 0 {
+		return fail(0, "", "GC", errors.Join(errs...))
+	}
+	return nil
+}

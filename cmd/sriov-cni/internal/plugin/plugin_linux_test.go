@@ -1,0 +1,543 @@
+package plugin
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and veth links standing in for VFs")
+	}
+}
+
+func fixtureRoot(name string) string {
+	p, err := filepath.Abs(filepath.Join("..", "..", "..", "..", "testdata", "sysfs", name))
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// env runs the plugin in-process against a fixture host, with veth links
+// named as the fixture's VF netdevs standing in for the VFs, real network
+// namespaces, the reference IPAM plugins, and fakes for the PF and RDMA
+// netlink calls this kernel cannot do.
+type env struct {
+	t        *testing.T
+	p        *Plugin
+	pf       *fakePF
+	rdma     *fakeRDMA
+	cniPath  string
+	stateDir string
+	ipamDir  string
+	log      bytes.Buffer
+}
+
+func newEnv(t *testing.T, fixture string) *env {
+	requireRoot(t)
+	e := &env{t: t, pf: newFakePF(), rdma: newFakeRDMA(RDMAModeExclusive)}
+	e.cniPath = testbin.Build(t, testbin.HostLocal, testbin.Static)
+	dir := t.TempDir()
+	e.stateDir, e.ipamDir = filepath.Join(dir, "state"), filepath.Join(dir, "ipam")
+	e.p = &Plugin{
+		HostRoot: fixtureRoot(fixture),
+		NewPF:    func(*netlink.Handle) PF { return e.pf },
+		RDMA:     e.rdma,
+		NewPodResources: func(string) PodResources {
+			t.Fatal("PodResources asked though the conf has a deviceID")
+			return nil
+		},
+		Stderr: &e.log,
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("plugin log:\n%s", e.log.String())
+		}
+	})
+	return e
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// standIn creates a veth named as a fixture VF netdev, up, with a known
+// MAC and MTU; the peer stays on the host.
+func (e *env) standIn(name string) netlink.Link {
+	e.t.Helper()
+	mac, _ := net.ParseMAC("0a:00:00:" + randHex(1) + ":" + randHex(1) + ":" + randHex(1))
+	peer := "fp" + randHex(4)
+	_ = netlink.LinkDel(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: name}})
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac, MTU: 1500}, PeerName: peer}
+	require.NoError(e.t, netlink.LinkAdd(v))
+	e.t.Cleanup(func() {
+		if l, err := netlink.LinkByName(peer); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	l, err := netlink.LinkByName(name)
+	require.NoError(e.t, err)
+	require.NoError(e.t, netlink.LinkSetUp(l))
+	l, err = netlink.LinkByName(name)
+	require.NoError(e.t, err)
+	return l
+}
+
+// pod creates a named network namespace and returns its path.
+func (e *env) pod() string {
+	e.t.Helper()
+	name := "fp-test-" + randHex(4)
+	out, err := exec.Command("ip", "netns", "add", name).CombinedOutput()
+	require.NoError(e.t, err, "%s", out)
+	e.t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return "/var/run/netns/" + name
+}
+
+func (e *env) args(conf, netnsPath, cid, ifName string) *skel.CmdArgs {
+	return &skel.CmdArgs{ContainerID: cid, Netns: netnsPath, IfName: ifName, Path: e.cniPath, StdinData: []byte(conf),
+		Args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer-0"}
+}
+
+func (e *env) add(conf, netnsPath, cid, ifName string) (*current.Result, error) {
+	var out bytes.Buffer
+	e.p.Stdout = &out
+	if err := e.p.Add(e.args(conf, netnsPath, cid, ifName)); err != nil {
+		return nil, err
+	}
+	r, err := current.NewResult(out.Bytes())
+	require.NoError(e.t, err, "result: %s", out.String())
+	return r.(*current.Result), nil
+}
+
+func (e *env) del(conf, netnsPath, cid, ifName string) error {
+	return e.p.Del(e.args(conf, netnsPath, cid, ifName))
+}
+
+func (e *env) check(conf string, prev *current.Result, netnsPath, cid, ifName string) error {
+	var c map[string]any
+	require.NoError(e.t, json.Unmarshal([]byte(conf), &c))
+	raw, err := json.Marshal(prev)
+	require.NoError(e.t, err)
+	var pr map[string]any
+	require.NoError(e.t, json.Unmarshal(raw, &pr))
+	c["prevResult"] = pr
+	data, err := json.Marshal(c)
+	require.NoError(e.t, err)
+	return e.p.Check(e.args(string(data), netnsPath, cid, ifName))
+}
+
+// conf is a network conf for the env, with extra JSON members.
+func (e *env) conf(extra string) string {
+	if extra != "" {
+		extra = "," + extra
+	}
+	return fmt.Sprintf(`{"cniVersion":"1.1.0","name":"rdma-net","type":"sriov","stateDir":%q%s}`, e.stateDir, extra)
+}
+
+func (e *env) hostLocal(subnet string, more string) string {
+	if more != "" {
+		more = "," + more
+	}
+	return fmt.Sprintf(`"ipam":{"type":"host-local","ranges":[[{"subnet":%q}]],"dataDir":%q%s}`, subnet, e.ipamDir, more)
+}
+
+func linkIn(t *testing.T, netnsPath, name string) (netlink.Link, error) {
+	t.Helper()
+	n, err := netns.Open(netnsPath)
+	require.NoError(t, err)
+	defer n.Close()
+	return n.Handle().LinkByName(name)
+}
+
+// requireRestored checks the stand-in is back on the host as it was, and
+// nothing of the attachment is left.
+func (e *env) requireRestored(orig netlink.Link, vf string) {
+	e.t.Helper()
+	l, err := netlink.LinkByName(orig.Attrs().Name)
+	require.NoError(e.t, err, "stand-in %s back on the host", orig.Attrs().Name)
+	a := l.Attrs()
+	require.Equal(e.t, orig.Attrs().HardwareAddr.String(), a.HardwareAddr.String(), "MAC restored")
+	require.Equal(e.t, orig.Attrs().MTU, a.MTU, "MTU restored")
+	require.Equal(e.t, orig.Attrs().Alias, a.Alias, "alias restored")
+	require.Equal(e.t, orig.Attrs().Flags&net.FlagUp, a.Flags&net.FlagUp, "up state restored")
+	_, err = os.Stat(filepath.Join(e.stateDir, vf+".json"))
+	require.ErrorIs(e.t, err, fs.ErrNotExist, "state removed")
+	_, err = os.Stat(filepath.Join(e.stateDir, vf+".lock"))
+	require.ErrorIs(e.t, err, fs.ErrNotExist, "lock removed")
+}
+
+// ipamLeases lists host-local's allocations for the env's network.
+func (e *env) ipamLeases() []string {
+	ents, _ := os.ReadDir(filepath.Join(e.ipamDir, "rdma-net"))
+	var ips []string
+	for _, x := range ents {
+		if net.ParseIP(x.Name()) != nil {
+			ips = append(ips, x.Name())
+		}
+	}
+	return ips
+}
+
+func TestAddCheckDelRoCE(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f0v0")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"vlanQoS":2,"mac":"02:fa:57:00:00:01","mtu":4000,` +
+		`"spoofchk":"off","trust":"on","runtimeConfig":{"CNIDeviceInfoFile":"` + filepath.Join(e.stateDir, "..", "devinfo", "x.json") + `"},` +
+		e.hostLocal("10.77.0.0/24", ""))
+
+	res, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+
+	// The result.
+	require.Len(t, res.Interfaces, 1)
+	require.Equal(t, current.Interface{Name: "net1", Mac: "02:fa:57:00:00:01", Mtu: 4000, Sandbox: podNS, PciID: "0000:3b:00.2"}, *res.Interfaces[0])
+	require.Len(t, res.IPs, 1)
+	require.Equal(t, "10.77.0.2/24", res.IPs[0].Address.String())
+	require.Equal(t, 0, *res.IPs[0].Interface)
+
+	// The pod has the VF's netdev, renamed, configured and up.
+	l, err := linkIn(t, podNS, "net1")
+	require.NoError(t, err)
+	require.Equal(t, "02:fa:57:00:00:01", l.Attrs().HardwareAddr.String())
+	require.Equal(t, 4000, l.Attrs().MTU)
+	require.Equal(t, "ens1f0v0", l.Attrs().Alias)
+	require.NotZero(t, l.Attrs().Flags&net.FlagUp)
+	n, err := netns.Open(podNS)
+	require.NoError(t, err)
+	addrs, err := n.Handle().AddrList(l, netlink.FAMILY_V4)
+	n.Close()
+	require.NoError(t, err)
+	require.Len(t, addrs, 1)
+	require.Equal(t, "10.77.0.2/24", addrs[0].IPNet.String())
+	_, err = netlink.LinkByName("ens1f0v0")
+	require.Error(t, err, "gone from the host")
+
+	// The PF got the VF settings, in order; the RDMA device moved along.
+	require.Equal(t, []string{
+		"VF ens1f0np0 0",
+		"SetVFVlan ens1f0np0 0 100 2 0x8100",
+		"SetVFMAC ens1f0np0 0 02:fa:57:00:00:01",
+		"SetVFSpoofChk ens1f0np0 0 false",
+		"SetVFTrust ens1f0np0 0 true",
+	}, e.pf.Calls())
+	require.False(t, e.rdma.InHost("mlx5_2"))
+	ok, err := e.rdma.Present("mlx5_2", mustOpen(t, podNS))
+	require.NoError(t, err)
+	require.True(t, ok, "mlx5_2 in the pod netns")
+
+	// State: versioned, 0600, phase added.
+	st, err := (&Store{dir: e.stateDir}).Load("0000:3b:00.2")
+	require.NoError(t, err)
+	require.Equal(t, PhaseAdded, st.Phase)
+	require.Equal(t, "ens1f0v0", st.HostName)
+	require.True(t, st.RDMAMoved)
+	fi, err := os.Stat(filepath.Join(e.stateDir, "0000:3b:00.2.json"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+
+	// The device-info file.
+	di, err := os.ReadFile(filepath.Join(e.stateDir, "..", "devinfo", "x.json"))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:3b:00.2","rdma-device":"mlx5_2","pf-pci-address":"0000:3b:00.0"}}`, string(di))
+
+	require.NoError(t, e.check(conf, res, podNS, "c1", "net1"))
+
+	// A second ADD of the same VF is refused, and changes nothing.
+	_, err = e.add(conf, e.pod(), "c2", "net1")
+	require.Error(t, err)
+	require.Equal(t, types.ErrTryAgainLater, CNIError(err).Code)
+	require.Contains(t, err.Error(), "0000:3b:00.2")
+	require.Contains(t, err.Error(), "container c1")
+
+	e.pf.calls = nil
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(orig, "0000:3b:00.2")
+	require.Equal(t, []string{
+		"SetVFTrust ens1f0np0 0 false",
+		"SetVFSpoofChk ens1f0np0 0 true",
+		"SetVFMAC ens1f0np0 0 00:00:00:00:00:00",
+		"SetVFVlan ens1f0np0 0 0 0 0x8100",
+	}, e.pf.Calls())
+	require.Equal(t, VFConfig{MAC: "00:00:00:00:00:00", SpoofChk: true, Proto: VlanProto8021Q}, e.pf.Get("ens1f0np0", 0))
+	require.True(t, e.rdma.InHost("mlx5_2"))
+	require.Empty(t, e.ipamLeases(), "address released")
+	_, err = os.Stat(filepath.Join(e.stateDir, "..", "devinfo", "x.json"))
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	_, err = linkIn(t, podNS, "net1")
+	require.Error(t, err)
+
+	// DEL again is a no-op.
+	e.pf.calls = nil
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	require.Empty(t, e.pf.Calls())
+	e.requireRestored(orig, "0000:3b:00.2")
+}
+
+func mustOpen(t *testing.T, path string) *netns.NS {
+	t.Helper()
+	n, err := netns.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// The pod netns is destroyed before DEL: the kernel hands a physical VF
+// back to the host netns under its pod name. A veth would die with the
+// netns, so the test moves it out first, as the kernel would.
+func TestDelAfterNetnsDeleted(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	orig := e.standIn("ibp24s0v0")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:18:00.1","mtu":2044,` + e.hostLocal("10.78.0.0/24", ""))
+	_, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+
+	pod := mustOpen(t, podNS)
+	l, err := pod.Handle().LinkByName("net1")
+	require.NoError(t, err)
+	host, err := netns.Current()
+	require.NoError(t, err)
+	defer host.Close()
+	require.NoError(t, pod.Handle().LinkSetNsFd(l, host.Fd()))
+	e.rdma.where = map[string]string{} // the kernel returns the RDMA device too
+	out, err := exec.Command("ip", "netns", "del", filepath.Base(podNS)).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	_, err = netlink.LinkByName("net1")
+	require.NoError(t, err, "returned under its pod name")
+
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(orig, "0000:18:00.1")
+	require.Empty(t, e.ipamLeases())
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"), "and again")
+}
+
+// A failure at any step of ADD leaves the node as it was.
+func TestAddRollsBack(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		extra  string
+		inject func(e *env, podNS string)
+		want   string
+	}{
+		{"PF refuses trust", `"trust":"on","spoofchk":"off","vlan":7`,
+			func(e *env, _ string) { e.pf.failOn["SetVFTrust"] = errors.New("operation not supported") },
+			"VF settings on PF ens1f0np0: set trust: operation not supported"},
+		{"pod already has net1", `"vlan":7`,
+			func(e *env, podNS string) {
+				require.NoError(e.t, exec.Command("ip", "-n", filepath.Base(podNS), "link", "add", "net1", "type", "veth", "peer", "name", "other").Run())
+			},
+			"an interface named net1 is already there"},
+		{"RDMA move fails", `"vlan":7`,
+			func(e *env, _ string) { e.rdma.failMove = errors.New("device busy") },
+			"move RDMA device mlx5_2 into the pod: device busy"},
+		{"IPAM plugin missing", `"ipam":{"type":"no-such-ipam"}`, nil, `IPAM no-such-ipam ADD: IPAM plugin "no-such-ipam"`},
+		{"routes cannot be configured", `"vlan":7,` + `"ipam":{"type":"host-local","ranges":[[{"subnet":"10.79.0.0/24"}]],"routes":[{"dst":"10.200.0.0/16","gw":"10.99.99.1"}],"dataDir":"IPAMDIR"}`, nil,
+			"configure addresses and routes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "roce-cx6dx")
+			orig := e.standIn("ens1f0v0")
+			podNS := e.pod()
+			extra := strings.ReplaceAll(tc.extra, "IPAMDIR", e.ipamDir)
+			if !strings.Contains(extra, "ipam") {
+				extra += "," + e.hostLocal("10.79.0.0/24", "")
+			}
+			conf := e.conf(`"deviceID":"0000:3b:00.2","mtu":4000,"mac":"02:fa:57:00:00:09",` + extra)
+			if tc.inject != nil {
+				tc.inject(e, podNS)
+			}
+			_, err := e.add(conf, podNS, "c1", "net1")
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+			require.Contains(t, err.Error(), "VF 0000:3b:00.2")
+			e.requireRestored(orig, "0000:3b:00.2")
+			require.Equal(t, VFConfig{MAC: "00:00:00:00:00:00", SpoofChk: true, Proto: VlanProto8021Q}, e.pf.Get("ens1f0np0", 0))
+			require.True(t, e.rdma.InHost("mlx5_2"))
+			require.Empty(t, e.ipamLeases(), "no address leaked")
+			// The runtime's DEL after a failed ADD is fine too.
+			require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+		})
+	}
+}
+
+func TestRDMAModes(t *testing.T) {
+	t.Run("shared: left in place", func(t *testing.T) {
+		e := newEnv(t, "roce-cx6dx")
+		orig := e.standIn("ens1f0v1")
+		podNS := e.pod()
+		e.rdma.mode = RDMAModeShared
+		conf := e.conf(`"deviceID":"0000:3b:00.3"`)
+		_, err := e.add(conf, podNS, "c1", "net1")
+		require.NoError(t, err)
+		require.True(t, e.rdma.InHost("mlx5_3"))
+		require.Contains(t, e.log.String(), "RDMA netns mode is shared")
+		require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+		e.requireRestored(orig, "0000:3b:00.3")
+	})
+	for _, tc := range []struct {
+		name    string
+		mode    string
+		modeErr error
+		want    string
+	}{
+		{"isolation needs exclusive", RDMAModeShared, nil, `RDMA subsystem is in "shared" netns mode`},
+		{"isolation needs RDMA netlink", "", ErrNoRDMANetlink, "RDMA netns mode cannot be read: RDMA netlink unavailable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "roce-cx6dx")
+			orig := e.standIn("ens1f0v1")
+			podNS := e.pod()
+			e.rdma.mode, e.rdma.modeErr = tc.mode, tc.modeErr
+			_, err := e.add(e.conf(`"deviceID":"0000:3b:00.3","rdmaIsolation":true,"vlan":3`), podNS, "c1", "net1")
+			require.ErrorContains(t, err, tc.want)
+			require.Empty(t, e.pf.Calls(), "refused before anything changed")
+			e.requireRestored(orig, "0000:3b:00.3")
+		})
+	}
+	t.Run("no RDMA netlink, no isolation: warned, attached", func(t *testing.T) {
+		e := newEnv(t, "roce-cx6dx")
+		e.standIn("ens1f0v1")
+		e.rdma.mode, e.rdma.modeErr = "", ErrNoRDMANetlink
+		_, err := e.add(e.conf(`"deviceID":"0000:3b:00.3"`), e.pod(), "c1", "net1")
+		require.NoError(t, err)
+		require.Contains(t, e.log.String(), "RDMA device not moved")
+	})
+}
+
+func TestCheckFindsDrift(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	e.standIn("ens1f1v0")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:01.2",` + e.hostLocal("10.80.0.0/24", ""))
+	res, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	require.NoError(t, e.check(conf, res, podNS, "c1", "net1"))
+
+	pod := mustOpen(t, podNS)
+	l, err := pod.Handle().LinkByName("net1")
+	require.NoError(t, err)
+	require.NoError(t, pod.Handle().LinkSetMTU(l, 1280))
+	err = e.check(conf, res, podNS, "c1", "net1")
+	require.ErrorContains(t, err, "MTU is 1280, want 1500")
+
+	err = e.check(conf, res, podNS, "c-unknown", "net1")
+	require.Equal(t, types.ErrUnknownContainer, CNIError(err).Code)
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+}
+
+func TestVFIOBoundVF(t *testing.T) {
+	e := newEnv(t, "edge")
+	conf := e.conf(`"deviceID":"0000:86:00.1","vlan":12,"ipam":{"type":"static","addresses":[{"address":"10.81.0.5/24"}]}`)
+	podNS := e.pod()
+	res, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	require.Equal(t, "10.81.0.5/24", res.IPs[0].Address.String())
+	require.Equal(t, "0000:86:00.1", res.Interfaces[0].PciID)
+	require.Equal(t, []string{"VF ibp134s0 0", "SetVFVlan ibp134s0 0 12 0 0x8100"}, e.pf.Calls())
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	require.Equal(t, 0, e.pf.Get("ibp134s0", 0).Vlan)
+	_, err = os.Stat(filepath.Join(e.stateDir, "0000:86:00.1.json"))
+	require.ErrorIs(t, err, fs.ErrNotExist)
+}
+
+func TestConfAgainstDevice(t *testing.T) {
+	e := newEnv(t, "dgx-h100")
+	orig := e.standIn("ibp24s0v1")
+	for _, tc := range []struct{ extra, want string }{
+		{`"deviceID":"0000:18:00.2","mac":"02:00:00:00:00:01"`, "an InfiniBand VF has no Ethernet MAC to set: set guid"},
+		{`"deviceID":"0000:18:00.2","vlan":5`, "an InfiniBand VF has no VLAN"},
+		{`"deviceID":"0000:18:00.0"`, "is a PF, not a VF"},
+		{`"deviceID":"0000:ff:00.1"`, "no such PCI function"},
+	} {
+		_, err := e.add(e.conf(tc.extra), e.pod(), "c1", "net1")
+		require.ErrorContains(t, err, tc.want)
+		require.Equal(t, types.ErrInvalidNetworkConfig, CNIError(err).Code, "%v", err)
+	}
+	require.Empty(t, e.pf.Calls())
+	e.requireRestored(orig, "0000:18:00.2")
+
+	// An InfiniBand GUID goes to the PF; DEL puts the sysfs node_guid back.
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:18:00.2","guid":"02:00:00:00:00:00:00:42"`)
+	_, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	require.Equal(t, "02:00:00:00:00:00:00:42", e.pf.Get("ibp24s0", 1).GUID)
+	guid, err := os.ReadFile(filepath.Join(e.p.HostRoot, "sys/bus/pci/devices/0000:18:00.2/infiniband/mlx5_13/node_guid"))
+	require.NoError(t, err)
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	require.Equal(t, strings.TrimSpace(string(guid)), guidToSysfs(e.pf.Get("ibp24s0", 1).GUID))
+}
+
+func guidToSysfs(g string) string {
+	h := strings.ReplaceAll(g, ":", "")
+	return h[0:4] + ":" + h[4:8] + ":" + h[8:12] + ":" + h[12:16]
+}
+
+func TestGCCollectsStaleAttachments(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	a, b := e.standIn("ens1f0v2"), e.standIn("ens1f0v3")
+	podA, podB := e.pod(), e.pod()
+	confA := e.conf(`"deviceID":"0000:3b:00.4",` + e.hostLocal("10.82.0.0/24", ""))
+	confB := e.conf(`"deviceID":"0000:3b:00.5",` + e.hostLocal("10.82.0.0/24", ""))
+	_, err := e.add(confA, podA, "ca", "net1")
+	require.NoError(t, err)
+	_, err = e.add(confB, podB, "cb", "net1")
+	require.NoError(t, err)
+	require.Len(t, e.ipamLeases(), 2)
+
+	gc := e.conf(`"cni.dev/valid-attachments":[{"containerID":"cb","ifname":"net1"}],` + e.hostLocal("10.82.0.0/24", ""))
+	require.NoError(t, e.p.GC(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(gc)}))
+	e.requireRestored(a, "0000:3b:00.4")
+	_, err = linkIn(t, podB, "net1")
+	require.NoError(t, err, "the valid attachment stays")
+	require.Len(t, e.ipamLeases(), 1)
+
+	require.NoError(t, e.del(confB, podB, "cb", "net1"))
+	e.requireRestored(b, "0000:3b:00.5")
+}
+
+func TestStatus(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	require.NoError(t, e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(e.conf(e.hostLocal("10.83.0.0/24", "")))}))
+
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	err := e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(
+		fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","type":"sriov","stateDir":%q}`, filepath.Join(file, "state")))})
+	require.Equal(t, types.ErrPluginNotAvailable, CNIError(err).Code)
+
+	e.rdma.mode = RDMAModeShared
+	err = e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(e.conf(`"rdmaIsolation":true`))})
+	require.ErrorContains(t, err, `RDMA netns mode is "shared"`)
+}
