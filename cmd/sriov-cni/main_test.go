@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/fastpath-k8s/fastpath/cmd/sriov-cni/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/internal/testbin"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+// The DGX fixture's compute VFs and their netdevs: 8 rails x 4 VFs.
+var dgxRails = []struct{ bus, netdev string }{
+	{"18", "ibp24s0"}, {"40", "ibp64s0"}, {"4f", "ibp79s0"}, {"5e", "ibp94s0"},
+	{"9a", "ibp154s0"}, {"c0", "ibp192s0"}, {"ce", "ibp206s0"}, {"dc", "ibp220s0"},
+}
+
+type vf struct{ addr, netdev string }
+
+func dgxVFs() []vf {
+	var vfs []vf
+	for _, r := range dgxRails {
+		for i := 0; i < 4; i++ {
+			vfs = append(vfs, vf{fmt.Sprintf("0000:%s:00.%d", r.bus, i+1), fmt.Sprintf("%sv%d", r.netdev, i)})
+		}
+	}
+	return vfs
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// host runs the real binaries through libcni against the DGX fixture, with
+// veth links named as its VF netdevs standing in for the VFs.
+type host struct {
+	tb    testing.TB
+	cni   *libcni.CNIConfig
+	dir   string
+	peers []string
+}
+
+func newHost(tb testing.TB) *host {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root: creates network namespaces and veth links standing in for VFs")
+	}
+	bin := testbin.Build(tb, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov", testbin.HostLocal, testbin.Static, testbin.HostDevice)
+	root, err := filepath.Abs(filepath.Join("..", "..", "testdata", "sysfs", "dgx-h100"))
+	require.NoError(tb, err)
+	// libcni runs plugins with this process's environment, as runtimes do.
+	tb.Setenv(plugin.HostRootEnv, root)
+	dir := tb.TempDir()
+	// An explicit exec: libcni sets its default lazily, racing concurrent calls.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	h := &host{tb: tb, dir: dir, cni: libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cache"), exec)}
+	tb.Cleanup(func() {
+		for _, p := range h.peers {
+			if l, err := netlink.LinkByName(p); err == nil {
+				_ = netlink.LinkDel(l)
+			}
+		}
+	})
+	return h
+}
+
+func (h *host) standIn(name string) netlink.Link {
+	h.tb.Helper()
+	peer := "fp" + randHex(4)
+	require.NoError(h.tb, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}))
+	h.peers = append(h.peers, peer)
+	l, err := netlink.LinkByName(name)
+	require.NoError(h.tb, err)
+	require.NoError(h.tb, netlink.LinkSetUp(l))
+	return l
+}
+
+func (h *host) pod() string {
+	h.tb.Helper()
+	name := "fp-bin-" + randHex(4)
+	out, err := exec.Command("ip", "netns", "add", name).CombinedOutput()
+	require.NoError(h.tb, err, "%s", out)
+	h.tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return "/var/run/netns/" + name
+}
+
+// list is a one-plugin network list; the plugin takes deviceID from the
+// runtime (capability, as Multus passes it).
+func (h *host) list(version, ipam string) *libcni.NetworkConfigList {
+	h.tb.Helper()
+	conf := fmt.Sprintf(`{"cniVersion":%q,"name":"rdma","plugins":[{"type":"sriov","capabilities":{"deviceID":true},"logLevel":"error","stateDir":%q,"ipam":%s}]}`,
+		version, filepath.Join(h.dir, "state"), ipam)
+	l, err := libcni.ConfListFromBytes([]byte(conf))
+	require.NoError(h.tb, err)
+	return l
+}
+
+func (h *host) hostLocal(subnet string) string {
+	return fmt.Sprintf(`{"type":"host-local","ranges":[[{"subnet":%q}]],"dataDir":%q}`, subnet, filepath.Join(h.dir, "ipam"))
+}
+
+func rt(cid, netns, ifName, vf string) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{ContainerID: cid, NetNS: netns, IfName: ifName,
+		CapabilityArgs: map[string]any{"deviceID": vf}}
+}
+
+func TestBinaryEverySpecVersion(t *testing.T) {
+	h := newHost(t)
+	orig := h.standIn("ibp24s0v0")
+	for _, v := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			ctx := context.Background()
+			list := h.list(v, h.hostLocal("10.90.0.0/24"))
+			podNS := h.pod()
+			r := rt("c-"+strings.ReplaceAll(v, ".", ""), podNS, "net1", "0000:18:00.1")
+			res, err := h.cni.AddNetworkList(ctx, list, r)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, h.cni.DelNetworkList(ctx, list, r)) }()
+			require.Equal(t, v, res.Version())
+			cur, err := current.NewResultFromResult(res)
+			require.NoError(t, err)
+			require.Equal(t, "net1", cur.Interfaces[0].Name)
+			require.True(t, strings.HasPrefix(cur.IPs[0].Address.String(), "10.90.0."), "%s", cur.IPs[0].Address)
+			if v != "0.3.1" {
+				require.NoError(t, h.cni.CheckNetworkList(ctx, list, r))
+			}
+		})
+		l, err := netlink.LinkByName("ibp24s0v0")
+		require.NoError(t, err)
+		require.Equal(t, orig.Attrs().HardwareAddr, l.Attrs().HardwareAddr)
+	}
+	// STATUS (1.1.0).
+	require.NoError(t, h.cni.GetStatusNetworkList(context.Background(), h.list("1.1.0", h.hostLocal("10.90.0.0/24"))))
+}
+
+// Twenty pods attach twenty different VFs at once; two pods race for one VF.
+func TestBinaryConcurrentAdds(t *testing.T) {
+	h := newHost(t)
+	vfs := dgxVFs()[:20]
+	for _, v := range vfs {
+		h.standIn(v.netdev)
+	}
+	ctx := context.Background()
+	list := h.list("1.1.0", h.hostLocal("10.91.0.0/24"))
+	pods := make([]string, len(vfs))
+	for i := range pods {
+		pods[i] = h.pod()
+	}
+	errs := make([]error, len(vfs))
+	var wg sync.WaitGroup
+	for i, v := range vfs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = h.cni.AddNetworkList(ctx, list, rt(fmt.Sprintf("c%d", i), pods[i], "net1", v.addr))
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "ADD %s", vfs[i].addr)
+		out, err := exec.Command("ip", "-n", filepath.Base(pods[i]), "-br", "addr", "show", "net1").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "10.91.0.")
+	}
+	for i, v := range vfs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = h.cni.DelNetworkList(ctx, list, rt(fmt.Sprintf("c%d", i), pods[i], "net1", v.addr))
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "DEL %s", vfs[i].addr)
+		_, err := netlink.LinkByName(vfs[i].netdev)
+		require.NoError(t, err, "%s back on the host", vfs[i].netdev)
+	}
+
+	// Two pods, one VF: one wins, the other gets a clear error.
+	v := vfs[0]
+	a, b := h.pod(), h.pod()
+	var results [2]error
+	for i, p := range []string{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, results[i] = h.cni.AddNetworkList(ctx, list, rt(fmt.Sprintf("race%d", i), p, "net1", v.addr))
+		}()
+	}
+	wg.Wait()
+	var won, lost int
+	for i, err := range results {
+		if err == nil {
+			won = i
+			continue
+		}
+		lost++
+		var te *types.Error
+		require.True(t, errors.As(err, &te), "%v", err)
+		require.Equal(t, types.ErrTryAgainLater, te.Code)
+		require.Contains(t, te.Msg, "VF "+v.addr)
+		require.Contains(t, te.Msg, fmt.Sprintf("attached to %s (container race%d", v.addr, 1-i))
+	}
+	require.Equal(t, 1, lost)
+	require.NoError(t, h.cni.DelNetworkList(ctx, list, rt(fmt.Sprintf("race%d", won), []string{a, b}[won], "net1", v.addr)))
+	require.NoError(t, h.cni.DelNetworkList(ctx, list, rt(fmt.Sprintf("race%d", 1-won), []string{a, b}[1-won], "net1", v.addr)))
+	_, err := netlink.LinkByName(v.netdev)
+	require.NoError(t, err)
+	ents, err := os.ReadDir(filepath.Join(h.dir, "state"))
+	require.NoError(t, err)
+	require.Empty(t, ents, "no state or lock left")
+}
+
+// BenchmarkAddDel is one ADD+DEL round trip through libcni with the static
+// IPAM plugin, for this plugin and, interleaved in the same run, for the
+// reference host-device plugin moving the same kind of link.
+func BenchmarkAddDel(b *testing.B) {
+	h := newHost(b)
+	h.standIn("ibp24s0v0")
+	podNS := h.pod()
+	ctx := context.Background()
+	static := `{"type":"static","addresses":[{"address":"10.92.0.2/24"}]}`
+	ours := h.list("1.1.0", static)
+	hd, err := libcni.ConfListFromBytes([]byte(`{"cniVersion":"1.1.0","name":"hd","plugins":[{"type":"host-device","device":"ibp24s0v0","ipam":` + static + `}]}`))
+	require.NoError(b, err)
+	r := rt("bench", podNS, "net1", "0000:18:00.1")
+	roundTrip := func(l *libcni.NetworkConfigList) time.Duration {
+		start := time.Now()
+		if _, err := h.cni.AddNetworkList(ctx, l, r); err != nil {
+			b.Fatal(err)
+		}
+		if err := h.cni.DelNetworkList(ctx, l, r); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	roundTrip(ours)
+	roundTrip(hd)
+	var tOurs, tHD time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tOurs += roundTrip(ours)
+		tHD += roundTrip(hd)
+	}
+	b.ReportMetric(float64(tOurs.Microseconds())/float64(b.N), "sriov-µs/op")
+	b.ReportMetric(float64(tHD.Microseconds())/float64(b.N), "host-device-µs/op")
+	b.ReportMetric(float64(tOurs)/float64(tHD), "sriov/host-device")
+}
