@@ -372,13 +372,10 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 		res.IPs, res.Routes, res.DNS = ipRes.IPs, ipRes.Routes, ipRes.DNS
 		if !dev.IsVFIO() {
 			if err = pod.Do(func() error {
-				if err := ipam.ConfigureIface(args.IfName, res); err != nil {
-					return err
+				if err := announceOnUp(args.IfName); err != nil {
+					log.Warn("no neighbour announcements; peers learn the address on first contact", "err", err)
 				}
-				if err := announce(args.IfName, res.IPs); err != nil {
-					log.Warn("neighbor announcement failed; peers learn the address on first contact", "err", err)
-				}
-				return nil
+				return ipam.ConfigureIface(args.IfName, res)
 			}); err != nil {
 				return nil, fail(0, vf, "configure addresses and routes", err)
 			}

@@ -3,6 +3,7 @@ package plugin
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -14,12 +15,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/testbin"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
@@ -540,4 +543,68 @@ func TestStatus(t *testing.T) {
 	e.rdma.mode = RDMAModeShared
 	err = e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(e.conf(`"rdmaIsolation":true`))})
 	require.ErrorContains(t, err, `RDMA netns mode is "shared"`)
+}
+
+// The pod's addresses are announced on the wire: a gratuitous ARP for the
+// IPv4 address and, once DAD has passed, an unsolicited neighbour
+// advertisement for the IPv6 one, both seen on the stand-in's peer.
+func TestAddAnnouncesAddresses(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	e.standIn("ens1f1v2")
+	peer := e.peerOf("ens1f1v2")
+	require.NoError(t, netlink.LinkSetUp(peer))
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: peer.Attrs().Index}))
+	require.NoError(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 0, Usec: 200000}))
+
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:01.4","ipam":{"type":"host-local","ranges":[[{"subnet":"10.84.0.0/24"}],[{"subnet":"fd00:84::/64"}]],"dataDir":"` + e.ipamDir + `"}`)
+	res, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	require.Len(t, res.IPs, 2)
+	v4, v6 := res.IPs[0].Address.IP.To4(), res.IPs[1].Address.IP.To16()
+	mac := res.Interfaces[0].Mac
+
+	var garp, na bool
+	buf := make([]byte, 2048)
+	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline) && !(garp && na); {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil || n < 14 {
+			continue
+		}
+		f := buf[:n]
+		src := net.HardwareAddr(f[6:12]).String()
+		switch binary.BigEndian.Uint16(f[12:14]) {
+		case unix.ETH_P_ARP:
+			// sender hw at 8, sender IP at 14, target IP at 24 (of the ARP payload)
+			a := f[14:]
+			if len(a) >= 28 && binary.BigEndian.Uint16(a[6:8]) == 1 && net.IP(a[14:18]).Equal(v4) && net.IP(a[24:28]).Equal(v4) && src == mac {
+				garp = true
+			}
+		case unix.ETH_P_IPV6:
+			ip6 := f[14:]
+			if len(ip6) >= 40+24 && ip6[6] == unix.IPPROTO_ICMPV6 && ip6[40] == 136 && net.IP(ip6[48:64]).Equal(v6) && src == mac {
+				na = true
+			}
+		}
+	}
+	require.True(t, garp, "gratuitous ARP for %s from %s", v4, mac)
+	require.True(t, na, "unsolicited NA for %s from %s", v6, mac)
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// peerOf is the host-side peer of a stand-in created by standIn.
+func (e *env) peerOf(name string) netlink.Link {
+	e.t.Helper()
+	l, err := netlink.LinkByName(name)
+	require.NoError(e.t, err)
+	peerIdx, err := netlink.VethPeerIndex(l.(*netlink.Veth))
+	require.NoError(e.t, err)
+	p, err := netlink.LinkByIndex(peerIdx)
+	require.NoError(e.t, err)
+	return p
 }
