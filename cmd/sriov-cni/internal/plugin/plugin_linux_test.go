@@ -100,7 +100,6 @@ func (e *env) standIn(name string) netlink.Link {
 	e.t.Helper()
 	mac, _ := net.ParseMAC("0a:00:00:" + randHex(1) + ":" + randHex(1) + ":" + randHex(1))
 	peer := "fp" + randHex(4)
-	_ = netlink.LinkDel(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: name}})
 	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac, MTU: 1500}, PeerName: peer}
 	require.NoError(e.t, netlink.LinkAdd(v))
 	e.t.Cleanup(func() {
@@ -320,9 +319,9 @@ func mustOpen(t *testing.T, path string) *netns.NS {
 // netns, so the test moves it out first, as the kernel would.
 func TestDelAfterNetnsDeleted(t *testing.T) {
 	e := newEnv(t, "dgx-h100")
-	orig := e.standIn("ibp24s0v0")
+	orig := e.standIn("ibp220s0v0")
 	podNS := e.pod()
-	conf := e.conf(`"deviceID":"0000:18:00.1","mtu":2044,` + e.hostLocal("10.78.0.0/24", ""))
+	conf := e.conf(`"deviceID":"0000:dc:00.1","mtu":2044,` + e.hostLocal("10.78.0.0/24", ""))
 	_, err := e.add(conf, podNS, "c1", "net1")
 	require.NoError(t, err)
 
@@ -340,7 +339,7 @@ func TestDelAfterNetnsDeleted(t *testing.T) {
 	require.NoError(t, err, "returned under its pod name")
 
 	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-	e.requireRestored(orig, "0000:18:00.1")
+	e.requireRestored(orig, "0000:dc:00.1")
 	require.Empty(t, e.ipamLeases())
 	require.NoError(t, e.del(conf, podNS, "c1", "net1"), "and again")
 }
@@ -476,11 +475,11 @@ func TestVFIOBoundVF(t *testing.T) {
 
 func TestConfAgainstDevice(t *testing.T) {
 	e := newEnv(t, "dgx-h100")
-	orig := e.standIn("ibp24s0v1")
+	orig := e.standIn("ibp220s0v1")
 	for _, tc := range []struct{ extra, want string }{
-		{`"deviceID":"0000:18:00.2","mac":"02:00:00:00:00:01"`, "an InfiniBand VF has no Ethernet MAC to set: set guid"},
-		{`"deviceID":"0000:18:00.2","vlan":5`, "an InfiniBand VF has no VLAN"},
-		{`"deviceID":"0000:18:00.0"`, "is a PF, not a VF"},
+		{`"deviceID":"0000:dc:00.2","mac":"02:00:00:00:00:01"`, "an InfiniBand VF has no Ethernet MAC to set: set guid"},
+		{`"deviceID":"0000:dc:00.2","vlan":5`, "an InfiniBand VF has no VLAN"},
+		{`"deviceID":"0000:dc:00.0"`, "is a PF, not a VF"},
 		{`"deviceID":"0000:ff:00.1"`, "no such PCI function"},
 	} {
 		_, err := e.add(e.conf(tc.extra), e.pod(), "c1", "net1")
@@ -488,18 +487,18 @@ func TestConfAgainstDevice(t *testing.T) {
 		require.Equal(t, types.ErrInvalidNetworkConfig, CNIError(err).Code, "%v", err)
 	}
 	require.Empty(t, e.pf.Calls())
-	e.requireRestored(orig, "0000:18:00.2")
+	e.requireRestored(orig, "0000:dc:00.2")
 
 	// An InfiniBand GUID goes to the PF; DEL puts the sysfs node_guid back.
 	podNS := e.pod()
-	conf := e.conf(`"deviceID":"0000:18:00.2","guid":"02:00:00:00:00:00:00:42"`)
+	conf := e.conf(`"deviceID":"0000:dc:00.2","guid":"02:00:00:00:00:00:00:42"`)
 	_, err := e.add(conf, podNS, "c1", "net1")
 	require.NoError(t, err)
-	require.Equal(t, "02:00:00:00:00:00:00:42", e.pf.Get("ibp24s0", 1).GUID)
-	guid, err := os.ReadFile(filepath.Join(e.p.HostRoot, "sys/bus/pci/devices/0000:18:00.2/infiniband/mlx5_13/node_guid"))
+	require.Equal(t, "02:00:00:00:00:00:00:42", e.pf.Get("ibp220s0", 1).GUID)
+	guid, err := os.ReadFile(filepath.Join(e.p.HostRoot, "sys/bus/pci/devices/0000:dc:00.2/infiniband/mlx5_41/node_guid"))
 	require.NoError(t, err)
 	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-	require.Equal(t, strings.TrimSpace(string(guid)), guidToSysfs(e.pf.Get("ibp24s0", 1).GUID))
+	require.Equal(t, strings.TrimSpace(string(guid)), guidToSysfs(e.pf.Get("ibp220s0", 1).GUID))
 }
 
 func guidToSysfs(g string) string {
