@@ -41,6 +41,13 @@ bench:
 discover:
 	$(GO) run ./cmd/rdma-device-plugin discover --host-root $(HOSTROOT) --config $(CONFIG)
 
+# End-to-end on the upstream kubelet (standalone, static pods), containerd
+# and runc, with our device plugin and CNI on the DGX fixture host. Needs
+# root (says so otherwise). The first run builds the kubelet, containerd and
+# the CNI reference plugins into .e2e-work; later runs reuse them.
+e2e:
+	test/e2e/run.sh
+
 # Regenerate the committed fixture hosts from internal/fixture.
 fixtures:
 	rm -rf testdata/sysfs
