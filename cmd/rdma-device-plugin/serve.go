@@ -79,9 +79,22 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	}
 	counters := newCounterCollector(src, f.hostRoot == "/" || f.hostRoot == "", log)
 	metrics := plugin.NewMetrics(counters)
+	// The manager's first scan is the one just made: a scan of a large
+	// host is the costliest thing the daemon does.
+	fresh := true
+	scan := func(reload bool) (plugin.Scan, error) {
+		if fresh && !reload {
+			fresh = false
+			s := first
+			first = plugin.Scan{} // the manager keeps what it needs
+			return s, nil
+		}
+		fresh = false
+		return src.scan(reload)
+	}
 	m, err := plugin.NewManager(plugin.Options{
 		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
-		ConfigPath: f.config, Scan: src.scan, Metrics: metrics, Log: log,
+		ConfigPath: f.config, Scan: scan, Metrics: metrics, Log: log, ReleaseMemory: true,
 		Links: &plugin.NetlinkLinks{OnError: func(err error) {
 			log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)
 		}},

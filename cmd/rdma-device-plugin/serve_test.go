@@ -31,8 +31,9 @@ var (
 	buildErr  error
 )
 
-// binary builds rdma-device-plugin once per test run.
-func binary(t *testing.T) string {
+// binary builds rdma-device-plugin once per test run, as the Dockerfile
+// does: static, trimmed paths, no symbol table or DWARF.
+func binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "fastpath-dp-bin-")
@@ -41,7 +42,9 @@ func binary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "rdma-device-plugin")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", binPath, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v: %s", err, out)
 		}
@@ -55,10 +58,13 @@ func TestMain(m *testing.M) {
 	if binPath != "" {
 		os.RemoveAll(filepath.Dir(binPath))
 	}
+	if benchHost != "" {
+		os.RemoveAll(benchHost)
+	}
 	os.Exit(code)
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -69,7 +75,7 @@ func freePort(t *testing.T) string {
 
 // daemon is the real binary serving a fixture host to a kubelet stub.
 type daemon struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string // kubelet dir
 	devinfo string
 	cdi     string
@@ -99,7 +105,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func startDaemon(t *testing.T, host, config string) *daemon {
+func startDaemon(t testing.TB, host, config string) *daemon {
 	t.Helper()
 	bin := binary(t)
 	base := t.TempDir()

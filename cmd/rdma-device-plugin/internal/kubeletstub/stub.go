@@ -44,6 +44,8 @@ type Stub struct {
 	srv  *grpc.Server
 	done chan struct{}
 	gen  int
+	// listening is when the current kubelet.sock was created.
+	listening time.Time
 }
 
 // generation serves one start of the stub.
@@ -62,6 +64,14 @@ func (s *Stub) Generation() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.gen
+}
+
+// Listening is when the current (last) start created kubelet.sock: the
+// moment a plugin can first see it.
+func (s *Stub) Listening() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listening
 }
 
 // New returns a stub for dir; call Start.
@@ -86,6 +96,7 @@ func (s *Stub) Start() error {
 	if err != nil {
 		return fmt.Errorf("kubeletstub: listen %s: %w", s.Socket(), err)
 	}
+	s.listening = time.Now()
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	g := grpc.NewServer()
 	s.gen++

@@ -35,12 +35,18 @@ type devInfoPCI struct {
 type devInfoStore struct {
 	dir string
 	mu  sync.Mutex // guards the fields below
-	// written holds the paths this process created.
-	written map[string]bool
+	// written holds the files this process wrote, by path.
+	written map[string]writtenFile
+}
+
+// writtenFile is what a file held and which file it was when written.
+type writtenFile struct {
+	data string
+	id   fileID
 }
 
 func newDevInfoStore(dir string) *devInfoStore {
-	return &devInfoStore{dir: dir, written: map[string]bool{}}
+	return &devInfoStore{dir: dir, written: map[string]writtenFile{}}
 }
 
 // DevInfoPath is <dir>/<prefix>-<name>-<bdf>-device.json.
@@ -61,6 +67,19 @@ func (s *devInfoStore) write(prefix, name string, d *sriov.Device) error {
 		return err
 	}
 	path := DevInfoPath(s.dir, prefix, name, d.PCIAddress)
+	// A VF is allocated again for every pod that gets it, and its file
+	// does not change: leave the file alone while it is the one written
+	// (same inode, unchanged since: ctime) with the same content.
+	// Replacing it costs far more (ext4 flushes a file renamed over
+	// another) than a stat.
+	s.mu.Lock()
+	w, ok := s.written[path]
+	s.mu.Unlock()
+	if ok && w.data == string(data) {
+		if id, err := statID(path); err == nil && id == w.id {
+			return nil
+		}
+	}
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return fmt.Errorf("devinfo %s: create directory: %w", s.dir, err)
 	}
@@ -82,8 +101,10 @@ func (s *devInfoStore) write(prefix, name string, d *sriov.Device) error {
 		_ = os.Remove(tmp.Name())
 		return fmt.Errorf("devinfo %s: write: %w", path, err)
 	}
+	// Not knowing the file's identity only costs a rewrite next time.
+	id, _ := statID(path)
 	s.mu.Lock()
-	s.written[path] = true
+	s.written[path] = writtenFile{data: string(data), id: id}
 	s.mu.Unlock()
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"sync"
 	"syscall"
@@ -57,6 +58,12 @@ type Options struct {
 	// (default 200 ms).
 	RegisterTimeout time.Duration
 	RetryInterval   time.Duration
+	// ReleaseMemory gives a scan's garbage back to the OS once the scan
+	// is applied (debug.FreeOSMemory: one extra GC per scan). A scan
+	// allocates several times what the pools keep and the daemon then
+	// idles until the next one; without this the runtime keeps that
+	// memory resident until its background scavenger gets to it.
+	ReleaseMemory bool
 }
 
 // linkState is what netlink last told about an interface.
@@ -73,9 +80,12 @@ type Manager struct {
 	log     *slog.Logger
 	devInfo *devInfoStore
 
-	servers  map[string]*server // by resource name
-	pools    map[string]Pool
-	links    map[string]linkState
+	servers map[string]*server // by resource name
+	pools   map[string]Pool
+	links   map[string]linkState
+	// watched are the netdevs (VF and PF) of the pools' devices: the
+	// links whose events change health.
+	watched  map[string]bool
 	interval time.Duration
 	// kubelet is the identity of the kubelet.sock we registered with.
 	kubelet fileID
@@ -115,7 +125,7 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	return &Manager{
 		opts: opts, log: opts.Log, devInfo: newDevInfoStore(opts.DevInfoDir),
-		servers: map[string]*server{}, pools: map[string]Pool{}, links: map[string]linkState{},
+		servers: map[string]*server{}, pools: map[string]Pool{}, links: map[string]linkState{}, watched: map[string]bool{},
 		registered: map[string]bool{}, allocated: map[string]bool{},
 	}, nil
 }
@@ -174,6 +184,7 @@ func (m *Manager) Run(ctx context.Context) (err error) {
 			retry.Reset(m.opts.RetryInterval)
 		}
 	}
+	m.releaseMemory() // before the kubelet is told: it lists devices next
 	schedule(m.reconcile(ctx))
 	// A starting kubelet empties the directory and then creates
 	// kubelet.sock: a burst of events. They are let settle and answered
@@ -256,12 +267,19 @@ func (m *Manager) rescan(ctx context.Context, reload bool, t *ticker) {
 		return
 	}
 	m.apply(scan)
+	m.releaseMemory()
 	if scan.Interval != m.interval {
 		m.log.Info("periodic rescan interval changed", "from", m.interval, "to", scan.Interval)
 		m.interval = scan.Interval
 		t.reset(scan.Interval)
 	}
 	m.reconcile(ctx)
+}
+
+func (m *Manager) releaseMemory() {
+	if m.opts.ReleaseMemory {
+		debug.FreeOSMemory()
+	}
 }
 
 // apply diffs a scan against the running servers: removed resources stop,
@@ -297,6 +315,21 @@ func (m *Manager) apply(scan Scan) {
 		delete(m.pools, r)
 		delete(m.registered, r)
 		m.log.Info("pool removed", "resource", r)
+	}
+	clear(m.watched)
+	for _, p := range next {
+		for i := range p.Devices {
+			for _, n := range []string{p.Devices[i].Netdev, p.Devices[i].PFNetdev} {
+				if n != "" {
+					m.watched[n] = true
+				}
+			}
+		}
+	}
+	for n, st := range m.links {
+		if st.deleted && !m.watched[n] {
+			delete(m.links, n)
+		}
 	}
 	names := make([]string, 0, len(next))
 	for r := range next {
@@ -366,6 +399,19 @@ func countHealthy(slots []slot) int {
 func (m *Manager) linkEvent(ev LinkEvent) {
 	old, known := m.links[ev.Name]
 	st := linkState{up: ev.Up && !ev.Deleted, deleted: ev.Deleted}
+	if !m.watched[ev.Name] {
+		// Not a netdev of any pool (a pod's veth, another NIC): no
+		// health depends on it. Its state is kept while it exists, for a
+		// rescan that adds it to a pool. Pod churn on the node would
+		// otherwise grow the map by a name per pod and rebuild every
+		// pool's device list on each of their events.
+		if ev.Deleted {
+			delete(m.links, ev.Name)
+		} else {
+			m.links[ev.Name] = st
+		}
+		return
+	}
 	m.links[ev.Name] = st
 	if known && old == st {
 		return

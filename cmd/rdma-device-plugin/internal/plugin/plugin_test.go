@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -80,6 +81,7 @@ type harness struct {
 	src    *source
 	links  *ChanLinks
 	opts   Options
+	m      *Manager // read it only after stop
 	cancel context.CancelFunc
 	errc   chan error
 }
@@ -105,6 +107,7 @@ func (h *harness) run() {
 	h.t.Helper()
 	m, err := NewManager(h.opts)
 	require.NoError(h.t, err)
+	h.m = m
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() { h.errc <- m.Run(ctx) }()
@@ -485,6 +488,29 @@ func TestHealthEvents(t *testing.T) {
 	for id, v := range health(ws.next()) {
 		require.Equal(t, pluginapi.Healthy, v, id)
 	}
+}
+
+// Events of interfaces no pool uses (pods' veths) change nothing, and an
+// interface that is gone is forgotten: pod churn must not grow the state.
+func TestUnrelatedLinkEvents(t *testing.T) {
+	h := newHarness(t, nil, dgxPools(t)...)
+	h.run()
+	h.registered("mellanox.com/rails", "mellanox.com/storage")
+	w := h.watch(h.client("mellanox.com_rails.sock"))
+	require.Len(t, w.next().Devices, 32)
+	for i := 0; i < 100; i++ {
+		name := fmt.Sprintf("veth%04x", i)
+		h.links.C <- LinkEvent{Name: name, Up: true}
+		h.links.C <- LinkEvent{Name: name, Deleted: true}
+	}
+	h.links.C <- LinkEvent{Name: "eth0", Up: true}
+	// The next update is the PF's: nothing before it was pushed.
+	h.links.C <- LinkEvent{Name: "ibp24s0", Up: false}
+	hl := health(w.next())
+	require.Equal(t, pluginapi.Unhealthy, hl["0000:18:00.1"])
+	require.Equal(t, pluginapi.Healthy, hl["0000:40:00.1"])
+	require.NoError(t, h.stop())
+	require.Equal(t, map[string]linkState{"eth0": {up: true}, "ibp24s0": {}}, h.m.links)
 }
 
 type devSpec struct{ ContainerPath, HostPath, Permissions string }

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
+)
+
+const benchPFs, benchVFsPerPF = 8, 128
+
+var (
+	benchHostOnce sync.Once
+	benchHost     string
+	benchHostErr  error
+)
+
+// largeHost generates the 1024-VF host once per test binary (thousands of
+// files: slow on some disks); TestMain removes it.
+func largeHost(b *testing.B) string {
+	b.Helper()
+	benchHostOnce.Do(func() {
+		benchHost, benchHostErr = os.MkdirTemp("", "fastpath-dp-host-")
+		if benchHostErr == nil {
+			benchHostErr = fx.Generate(benchHost, benchPFs, benchVFsPerPF)
+		}
+	})
+	if benchHostErr != nil {
+		b.Fatalf("generate a %dx%d-VF host: %v", benchPFs, benchVFsPerPF, benchHostErr)
+	}
+	return benchHost
+}
+
+// BenchmarkDaemonRSS runs the real binary, built as for the image, on a
+// generated host of 8 PFs with 128 VFs each (1024 VFs, each with a netdev,
+// an RDMA device and uverbs/umad/issm char devices) with the combined
+// config: the 1024 VFs as an exclusive spread pool, the 8 PFs as a shared
+// pool, CDI specs and /metrics on. Once both pools registered with the
+// kubelet stub and a ListAndWatch returned all 1024 VFs, it reads the
+// daemon's VmRSS, RssAnon (RSS less file-backed pages, which are mostly
+// the binary's) and VmHWM (the peak) from /proc/<pid>/status; each is the
+// largest of the b.N starts. ns/op is start → that first ListAndWatch.
+// Target: RSS ≤ 20 MiB.
+func BenchmarkDaemonRSS(b *testing.B) {
+	host := largeHost(b)
+	binary(b) // built outside the timed part
+	var rss, anon, hwm float64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d := startDaemon(b, host, config("combined.json"))
+		regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "mellanox.com/hca_shared_devices_a")
+		n, err := firstList(d, regs["mellanox.com/mlnx_sriov_rdma"].Endpoint)
+		if err != nil {
+			b.Fatalf("%v; log:\n%s", err, d.log.String())
+		}
+		if n != benchPFs*benchVFsPerPF {
+			b.Fatalf("ListAndWatch: %d devices, want %d", n, benchPFs*benchVFsPerPF)
+		}
+		b.StopTimer()
+		st, err := procStatus(d.cmd.Process.Pid, "VmRSS", "RssAnon", "VmHWM")
+		if err != nil {
+			b.Fatal(err)
+		}
+		rss = max(rss, st["VmRSS"])
+		anon = max(anon, st["RssAnon"])
+		hwm = max(hwm, st["VmHWM"])
+		d.stop()
+		b.StartTimer()
+	}
+	b.StopTimer()
+	b.ReportMetric(rss/1024, "RSS-MiB")
+	b.ReportMetric(anon/1024, "anon-RSS-MiB")
+	b.ReportMetric(hwm/1024, "peak-RSS-MiB")
+}
+
+// BenchmarkDaemonAllocate is BenchmarkAllocate of the plugin package with
+// the kubelet's side in another process, as in production: the real
+// binary serves the DGX H100 fixture, the benchmark is the kubelet. Each op
+// is one Allocate round trip for one container; the percentiles cover at
+// least 1000 calls (those beyond b.N untimed). Target: p99 < 1 ms.
+func BenchmarkDaemonAllocate(b *testing.B) {
+	binary(b)
+	for _, tc := range []struct {
+		name string
+		ids  []string
+	}{
+		{"vfs=1", []string{"0000:18:00.1"}},
+		{"vfs=8", []string{"0000:18:00.1", "0000:40:00.1", "0000:4f:00.1", "0000:5e:00.1",
+			"0000:9a:00.1", "0000:c0:00.1", "0000:ce:00.1", "0000:dc:00.1"}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			d := startDaemon(b, fixture("dgx-h100"), config("combined.json"))
+			regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "mellanox.com/hca_shared_devices_a")
+			c := d.client(regs["mellanox.com/mlnx_sriov_rdma"].Endpoint)
+			req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: tc.ids}}}
+			call := func() time.Duration {
+				start := time.Now()
+				resp, err := c.Allocate(context.Background(), req)
+				dur := time.Since(start)
+				if err != nil {
+					b.Fatalf("allocate %v: %v; log:\n%s", tc.ids, err, d.log.String())
+				}
+				// uverbs, umad, issm per VF, and rdma_cm once.
+				if n := len(resp.ContainerResponses[0].Devices); n != 3*len(tc.ids)+1 {
+					b.Fatalf("allocate %v: %d device specs, want %d", tc.ids, n, 3*len(tc.ids)+1)
+				}
+				return dur
+			}
+			call() // the first call dials
+			lat := make(latencies, 0, max(b.N, minAllocateSamples))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				lat = append(lat, call())
+			}
+			b.StopTimer()
+			for len(lat) < minAllocateSamples {
+				lat = append(lat, call())
+			}
+			lat.report(b)
+			d.stop()
+		})
+	}
+}
+
+// minAllocateSamples is how many Allocate calls the percentiles cover at
+// least, whatever b.N is.
+const minAllocateSamples = 1000
+
+// latencies are one sample per operation.
+type latencies []time.Duration
+
+// report adds p50-µs and p99-µs (nearest rank).
+func (l latencies) report(b *testing.B) {
+	b.Helper()
+	if len(l) == 0 {
+		b.Fatal("no latency samples")
+	}
+	s := slices.Clone(l)
+	slices.Sort(s)
+	pct := func(p float64) float64 {
+		i := int(p/100*float64(len(s))+0.999999) - 1
+		i = max(0, min(i, len(s)-1))
+		return float64(s[i].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(pct(50), "p50-µs")
+	b.ReportMetric(pct(99), "p99-µs")
+}
+
+// firstList drives ListAndWatch as the kubelet does after Register and
+// returns the number of devices in the first response.
+func firstList(d *daemon, endpoint string) (int, error) {
+	c := d.client(endpoint)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		return 0, fmt.Errorf("ListAndWatch %s: %w", endpoint, err)
+	}
+	r, err := stream.Recv()
+	if err != nil {
+		return 0, fmt.Errorf("ListAndWatch %s: receive: %w", endpoint, err)
+	}
+	return len(r.Devices), nil
+}
+
+// procStatus reads the given kB fields of /proc/<pid>/status.
+func procStatus(pid int, fields ...string) (map[string]float64, error) {
+	path := fmt.Sprintf("/proc/%d/status", pid)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		for _, want := range fields {
+			if k != want {
+				continue
+			}
+			kb, unit, _ := strings.Cut(strings.TrimSpace(v), " ")
+			n, err := strconv.ParseFloat(kb, 64)
+			if err != nil || unit != "kB" {
+				return nil, fmt.Errorf("%s: %s: %q is not a kB value", path, k, v)
+			}
+			out[k] = n
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	for _, want := range fields {
+		if _, ok := out[want]; !ok {
+			return nil, fmt.Errorf("%s: no %s", path, want)
+		}
+	}
+	return out, nil
+}
