@@ -214,7 +214,7 @@ setup_standins() {
 		peer=s${name#ib}
 		# Tests of the CNI make links with these names too, briefly; on a
 		# shared machine, wait for them to go rather than take one over.
-		if ! wait_for 60 "no link named $name or $peer on the host" names_free "$name" "$peer"; then
+		if ! names_free "$name" "$peer" && ! wait_for 60 "no link named $name or $peer on the host" names_free "$name" "$peer"; then
 			die "link $name or $peer exists on this host; the test would take it over"
 		fi
 		# Recorded before creating, so that cleanup removes a half-made pair.
@@ -390,14 +390,15 @@ test_advertised() {
 	expect "device plugin registrations with the kubelet" 1 "$(registrations)"
 }
 
-# pod_tasks counts the running containerd tasks of the pod (sandbox + app).
+# pod_tasks counts running containerd tasks: the pod's sandbox and app are
+# the only ones this private containerd has.
 pod_tasks() { ctr tasks ls | awk 'NR > 1 && $3 == "RUNNING"' | wc -l; }
 
-# app_pid prints the host PID of the pod's app container.
+# app_pid prints the host PID of the pod's running app container.
 app_pid() {
-	local id
-	id=$(ctr containers ls -q 'labels."io.kubernetes.container.name"==app' | head -n1)
-	[[ -n $id ]] && ctr tasks ls | awk -v id="$id" '$1 == id && $3 == "RUNNING" { print $2 }' | grep .
+	local ids
+	ids=$(ctr containers ls -q 'labels."io.kubernetes.container.name"==app' | xargs)
+	[[ -n $ids ]] && ctr tasks ls | awk -v ids=" $ids " 'index(ids, " " $1 " ") && $3 == "RUNNING" { print $2 }' | grep .
 }
 
 start_pod() {
@@ -426,7 +427,7 @@ EOF
 }
 
 test_pod_devices() {
-	expect "device plugin Allocate calls counted by /metrics" $((ALLOCS_BEFORE + 1)) \
+	expect "device plugin allocated devices (fastpath_device_plugin_allocated_devices_total)" $((ALLOCS_BEFORE + 1)) \
 		"$(metric fastpath_device_plugin_allocated_devices_total "resource=\"$RESOURCE\"")"
 	check "device plugin logged the Allocate" grep -q '"msg":"allocate"' "$RUN/logs/rdma-device-plugin.log"
 
