@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/kubeletstub"
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 
 var (
@@ -80,6 +83,7 @@ type daemon struct {
 	devinfo string
 	cdi     string
 	metrics string
+	netns   string // the daemon's network namespace (ip netns name); "" = the test's
 	stub    *kubeletstub.Stub
 	cmd     *exec.Cmd
 	log     *syncBuffer
@@ -117,8 +121,20 @@ func startDaemon(t testing.TB, host, config string) *daemon {
 	d.stub = kubeletstub.New(d.dir)
 	require.NoError(t, d.stub.Start())
 	t.Cleanup(d.stub.Stop)
-	d.cmd = exec.Command(bin, "--host-root", host, "--config", config, "--kubelet-dir", d.dir,
-		"--devinfo-dir", d.devinfo, "--cdi-spec-dir", d.cdi, "--metrics-addr", d.metrics)
+	args := []string{"--host-root", host, "--config", config, "--kubelet-dir", d.dir,
+		"--devinfo-dir", d.devinfo, "--cdi-spec-dir", d.cdi, "--metrics-addr", d.metrics}
+	if os.Geteuid() == 0 {
+		// A network namespace of its own: the daemon's netlink link
+		// subscription then sees only the links a test puts there, not
+		// the VF stand-ins other packages' tests create and delete in
+		// the host netns at the same time (go test runs packages in
+		// parallel). Its unix sockets are reachable from anywhere;
+		// /metrics is reached through a dialer in that netns.
+		d.netns = privateNetns(t)
+		d.cmd = exec.Command("ip", append([]string{"netns", "exec", d.netns, bin}, args...)...)
+	} else {
+		d.cmd = exec.Command(bin, args...)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	require.NoError(t, d.cmd.Start())
 	go func() { d.done <- d.cmd.Wait() }()
@@ -132,6 +148,42 @@ func startDaemon(t testing.TB, host, config string) *daemon {
 		}
 	})
 	return d
+}
+
+// privateNetns creates a named network namespace with loopback up.
+func privateNetns(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "fp-dp-" + hex.EncodeToString(b)
+	for _, args := range [][]string{{"netns", "add", name}, {"-n", name, "link", "set", "lo", "up"}} {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return name
+}
+
+// httpClient reaches the daemon's /healthz and /metrics, in its netns.
+func (d *daemon) httpClient() *http.Client {
+	if d.netns == "" {
+		return http.DefaultClient
+	}
+	dial := func(_ context.Context, network, addr string) (net.Conn, error) {
+		n, err := netns.Open("/var/run/netns/" + d.netns)
+		if err != nil {
+			return nil, err
+		}
+		defer n.Close()
+		var c net.Conn
+		err = n.Do(func() error {
+			var err error
+			c, err = net.Dial(network, addr) // the socket stays in the netns it was made in
+			return err
+		})
+		return c, err
+	}
+	return &http.Client{Transport: &http.Transport{DialContext: dial}, Timeout: 10 * time.Second}
 }
 
 func (d *daemon) registrations(resources ...string) map[string]*pluginapi.RegisterRequest {
@@ -244,7 +296,7 @@ func TestServeFixtureHost(t *testing.T) {
 	require.ErrorContains(t, err, `unknown device ID "0000:99:00.1"`)
 
 	get := func(path string) string {
-		res, err := http.Get("http://" + d.metrics + path)
+		res, err := d.httpClient().Get("http://" + d.metrics + path)
 		require.NoError(t, err)
 		defer res.Body.Close()
 		require.Equal(t, http.StatusOK, res.StatusCode)
@@ -269,25 +321,26 @@ func TestServeFixtureHost(t *testing.T) {
 }
 
 // TestServeLinkHealth sets a veth named as the fixture's rail-0 PF netdev
-// down and up in the host netns: the real netlink subscription must mark
-// that PF's VFs Unhealthy, then Healthy.
+// down and up in the daemon's netns: the real netlink subscription must
+// mark that PF's VFs Unhealthy, then Healthy.
 func TestServeLinkHealth(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a veth named as a fixture PF netdev in the host netns")
+		t.Skip("needs root: creates a network namespace and a veth named as a fixture PF netdev")
 	}
 	const pf, peer = "ibp24s0", "fpt-ibp24s0-p"
-	if _, err := netlink.LinkByName(pf); err == nil {
-		t.Skipf("an interface %s already exists on this host", pf)
-	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: pf}, PeerName: peer}
-	require.NoError(t, netlink.LinkAdd(veth))
-	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
-	peerLink, err := netlink.LinkByName(peer)
-	require.NoError(t, err)
-	require.NoError(t, netlink.LinkSetUp(peerLink))
-	require.NoError(t, netlink.LinkSetUp(veth))
-
 	d := startDaemon(t, fixture("dgx-h100"), config("sriov-dp.json"))
+	n, err := netns.Open("/var/run/netns/" + d.netns)
+	require.NoError(t, err)
+	defer n.Close()
+	h := n.Handle()
+	require.NoError(t, h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: pf}, PeerName: peer}))
+	veth, err := h.LinkByName(pf)
+	require.NoError(t, err)
+	peerLink, err := h.LinkByName(peer)
+	require.NoError(t, err)
+	require.NoError(t, h.LinkSetUp(peerLink))
+	require.NoError(t, h.LinkSetUp(veth))
+
 	regs := d.registrations("mellanox.com/mlnx_sriov_rdma")
 	c := d.client(regs["mellanox.com/mlnx_sriov_rdma"].Endpoint)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -312,9 +365,9 @@ func TestServeLinkHealth(t *testing.T) {
 		}
 	}
 	waitFor(pluginapi.Healthy)
-	require.NoError(t, netlink.LinkSetDown(veth))
+	require.NoError(t, h.LinkSetDown(veth))
 	waitFor(pluginapi.Unhealthy)
-	require.NoError(t, netlink.LinkSetUp(veth))
+	require.NoError(t, h.LinkSetUp(veth))
 	waitFor(pluginapi.Healthy)
 	d.stop()
 }

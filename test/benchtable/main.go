@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -77,6 +78,9 @@ func run(in io.Reader, out, errOut io.Writer) error {
 			cols = append(cols, u)
 		}
 	}
+	// The rest in name order: packages benchmark in parallel, so the
+	// order units are first seen in changes from run to run.
+	sort.Strings(units)
 	for _, u := range units {
 		if u != "ns/op" && u != "B/op" && u != "allocs/op" {
 			cols = append(cols, u)
