@@ -8,7 +8,12 @@ import (
 )
 
 // Write writes data to path with mode perm: a temporary file in the same
-// directory, synced, then renamed over path. The directory must exist.
+// directory, renamed over path. The directory must exist.
+//
+// The file is not fsynced: what is written here (CNI state, device-info
+// files) must survive a crash of the process, which the page cache does,
+// not a crash of the node, after which VFs, namespaces and pods are gone
+// anyway (the CNI recognises state from an earlier boot by its boot ID).
 func Write(path string, data []byte, perm os.FileMode) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -19,9 +24,7 @@ func Write(path string, data []byte, perm os.FileMode) (err error) {
 			_ = os.Remove(tmp.Name())
 		}
 	}()
-	if _, err = tmp.Write(data); err == nil {
-		err = tmp.Sync()
-	}
+	_, err = tmp.Write(data)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}

@@ -9,25 +9,10 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
+	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
-
-// DevInfoVersion is the k8snetworkplumbingwg device-info-spec version the
-// files follow.
-const DevInfoVersion = "1.1.0"
-
-// devInfo is a device-info-spec v1.1.0 document of type "pci".
-type devInfo struct {
-	Type    string     `json:"type"`
-	Version string     `json:"version"`
-	PCI     devInfoPCI `json:"pci"`
-}
-
-type devInfoPCI struct {
-	PCIAddress   string `json:"pci-address"`
-	RDMADevice   string `json:"rdma-device,omitempty"`
-	PFPCIAddress string `json:"pf-pci-address,omitempty"`
-}
 
 // devInfoStore writes device-info files for allocated devices, so that a
 // CNI (via Multus) can learn which VF the kubelet gave the pod, and removes
@@ -59,10 +44,7 @@ func (s *devInfoStore) write(prefix, name string, d *sriov.Device) error {
 	if s == nil || s.dir == "" {
 		return nil
 	}
-	doc := devInfo{Type: "pci", Version: DevInfoVersion, PCI: devInfoPCI{
-		PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, PFPCIAddress: d.PFAddress,
-	}}
-	data, err := json.Marshal(doc)
+	data, err := json.Marshal(devinfo.NewPCI(d.PCIAddress, d.RDMADevice, d.PFAddress))
 	if err != nil {
 		return err
 	}
@@ -83,23 +65,8 @@ func (s *devInfoStore) write(prefix, name string, d *sriov.Device) error {
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return fmt.Errorf("devinfo %s: create directory: %w", s.dir, err)
 	}
-	tmp, err := os.CreateTemp(s.dir, ".devinfo-*")
-	if err != nil {
-		return fmt.Errorf("devinfo %s: %w", path, err)
-	}
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o444)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("devinfo %s: write: %w", path, err)
+	if err := atomicfile.Write(path, data, 0o444); err != nil {
+		return fmt.Errorf("devinfo: %w", err)
 	}
 	// Not knowing the file's identity only costs a rewrite next time.
 	id, _ := statID(path)

@@ -196,6 +196,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		lock *Lock
 		vf   string
 		busy []string
+		boot = BootID()
 	)
 	for _, id := range cands {
 		l, err := store.Lock(id, LockTimeout)
@@ -203,6 +204,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 			return fail(types.ErrTryAgainLater, id, "lock", err)
 		}
 		st, lerr := store.Load(id)
+		if lerr == nil && st.stale(boot) {
+			// The reboot reset the VF and took the pod's netns along.
+			log.Info("state from before the last boot dropped", "vf", id, "attachment", st.owner())
+			if err := store.Remove(id); err != nil {
+				l.Unlock(false)
+				return fail(types.ErrIOFailure, id, "drop stale state", err)
+			}
+			st, lerr = nil, fs.ErrNotExist
+		}
 		switch {
 		case errors.Is(lerr, fs.ErrNotExist):
 			lock, vf = l, id
@@ -273,7 +283,7 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 	}
 
 	st := &State{
-		Phase: PhaseAdding, Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
+		Phase: PhaseAdding, BootID: BootID(), Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
 		PCIAddress: vf, PFAddress: dev.PFAddress, PFNetdev: dev.PFNetdev, VFIndex: dev.VFIndex,
 		LinkType: dev.LinkType, VFIO: dev.IsVFIO(), IPAMType: c.IPAM.Type,
 		DeviceInfoFile: c.RuntimeConfig.CNIDeviceInfoFile,

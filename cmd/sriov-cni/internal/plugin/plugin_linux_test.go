@@ -607,3 +607,29 @@ func (e *env) peerOf(name string) netlink.Link {
 	require.NoError(e.t, err)
 	return p
 }
+
+// State written before the node rebooted does not hold a VF hostage.
+func TestAddDropsStateFromEarlierBoot(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f1v3")
+	store, err := NewStore(e.stateDir)
+	require.NoError(t, err)
+	require.NoError(t, store.Save(&State{BootID: "a-boot-long-ago", Network: "rdma-net", ContainerID: "before-reboot",
+		IfName: "net1", PCIAddress: "0000:3b:01.5", HostName: "ens1f1v3"}))
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:01.5"`)
+	_, err = e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	require.Contains(t, e.log.String(), "state from before the last boot dropped")
+	st, err := store.Load("0000:3b:01.5")
+	require.NoError(t, err)
+	require.Equal(t, "c1", st.ContainerID)
+	require.Equal(t, BootID(), st.BootID)
+	require.NotEmpty(t, st.BootID)
+
+	// A state of this boot still holds it.
+	_, err = e.add(conf, e.pod(), "c2", "net1")
+	require.ErrorIs(t, err, ErrBusy)
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(orig, "0000:3b:01.5")
+}

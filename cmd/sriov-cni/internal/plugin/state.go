@@ -28,8 +28,11 @@ const (
 // State is what ADD did to one VF, so that DEL can undo it even when the
 // pod's netns is gone and the conf is all DEL has.
 type State struct {
-	Version     int    `json:"version"`
-	Phase       string `json:"phase"`
+	Version int    `json:"version"`
+	Phase   string `json:"phase"`
+	// BootID is the kernel's boot_id when ADD ran: state from an earlier
+	// boot describes VFs and namespaces that the reboot reset.
+	BootID      string `json:"bootID,omitempty"`
 	Network     string `json:"network"`
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
@@ -66,6 +69,24 @@ type State struct {
 
 	// DelAttempts counts DELs that failed to restore something.
 	DelAttempts int `json:"delAttempts,omitempty"`
+}
+
+// bootIDPath holds a random ID the kernel picks at each boot.
+const bootIDPath = "/proc/sys/kernel/random/boot_id"
+
+// BootID is this boot's ID ("" when unreadable: no state is then judged
+// stale).
+func BootID() string {
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// stale reports whether st was written before the node last booted.
+func (s *State) stale(boot string) bool {
+	return boot != "" && s.BootID != "" && s.BootID != boot
 }
 
 // owner names the attachment for messages.
