@@ -23,8 +23,8 @@ import (
 	"github.com/vishvananda/netlink"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/kubeletstub"
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 

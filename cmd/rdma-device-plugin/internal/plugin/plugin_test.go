@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
