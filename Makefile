@@ -49,6 +49,13 @@ discover:
 e2e:
 	test/e2e/run.sh
 
+# The whole flow on the bundled DGX fixture host, as root: device plugin,
+# allocation, the sriov CNI into a fresh netns (veth stand-ins for the VFs),
+# what the pod got, then DEL and a check that nothing is left behind.
+demo:
+	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it creates a network namespace and veth links standing in for the VFs (sudo make demo)"; exit 2; fi
+	$(GO) run ./test/demo --host-root $(HOSTROOT) --config $(CONFIG)
+
 # Regenerate the committed fixture hosts from internal/fixture.
 fixtures:
 	rm -rf testdata/sysfs
