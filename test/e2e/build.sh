@@ -5,7 +5,7 @@
 #
 # Upstream builds are cached in $WORK and skipped when the stamp next to
 # them names the pinned version, so only the first run pays for them
-# (about 10 minutes on 2 cores with empty Go caches). runc comes from apt.
+# (about 9 minutes on 2 cores with empty Go caches). runc comes from apt.
 #
 # Usage: test/e2e/build.sh        (WORK, K8S_VERSION, CONTAINERD_VERSION,
 #                                  CNI_PLUGINS_VERSION override the defaults)
@@ -98,7 +98,7 @@ build_containerd() {
 
 # build_cni_plugins installs the reference plugins the test uses:
 # loopback (containerd sets up lo with it), host-local and static (IPAM),
-# bridge (the primary network while cmd/sriov-cni does not exist).
+# bridge (the pod network with E2E_CNI=bridge, or without cmd/sriov-cni).
 build_cni_plugins() {
 	if fresh cni-plugins "$CNI_PLUGINS_VERSION" && [[ -x $WORK/cni-plugins/host-local ]]; then
 		log "CNI plugins $CNI_PLUGINS_VERSION: cached"

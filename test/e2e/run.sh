@@ -245,7 +245,7 @@ write_cni_conf() {
    "ipam":{"type":"host-local","ranges":[[{"subnet":"$CNI_SUBNET"}]],"dataDir":"$CNI_IPAM"}}]}
 EOF
 	else
-		# Stand-in until cmd/sriov-cni exists. isGateway off: a gateway makes
+		# E2E_CNI=bridge, or no cmd/sriov-cni. isGateway off: a gateway makes
 		# the bridge plugin turn on net.ipv4.ip_forward on the host.
 		cat >"$RUN/cni/net.d/10-$CNI_NET.conflist" <<EOF
 {"cniVersion":"1.0.0","name":"$CNI_NET","plugins":[
