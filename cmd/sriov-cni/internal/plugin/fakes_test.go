@@ -17,11 +17,16 @@ type fakePF struct {
 	calls []string
 	// failOn makes the named method fail (once per entry).
 	failOn map[string]error
+	// failCall makes the n-th call (from 1) of the named method fail.
+	failCall map[string]int
+	count    map[string]int
 }
 
 var _ PF = (*fakePF)(nil)
 
-func newFakePF() *fakePF { return &fakePF{vfs: map[string]*VFConfig{}, failOn: map[string]error{}} }
+func newFakePF() *fakePF {
+	return &fakePF{vfs: map[string]*VFConfig{}, failOn: map[string]error{}, failCall: map[string]int{}, count: map[string]int{}}
+}
 
 func (f *fakePF) vf(pf string, vf int) *VFConfig {
 	k := fmt.Sprintf("%s/%d", pf, vf)
@@ -33,6 +38,10 @@ func (f *fakePF) vf(pf string, vf int) *VFConfig {
 
 func (f *fakePF) call(name, format string, args ...any) error {
 	f.calls = append(f.calls, name+" "+fmt.Sprintf(format, args...))
+	f.count[name]++
+	if n, ok := f.failCall[name]; ok && n == f.count[name] {
+		return fmt.Errorf("%s: injected failure of call %d", name, n)
+	}
 	if err, ok := f.failOn[name]; ok {
 		delete(f.failOn, name)
 		return err

@@ -232,7 +232,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if lock == nil {
 		return fail(types.ErrTryAgainLater, strings.Join(cands, ","), "add", fmt.Errorf("%w: attached to %s", ErrBusy, strings.Join(busy, ", ")))
 	}
-	defer func() { lock.Unlock(err != nil) }()
+	defer func() {
+		// A failed ADD that left no state leaves no lock file either.
+		_, serr := store.Load(vf)
+		lock.Unlock(err != nil && errors.Is(serr, fs.ErrNotExist))
+	}()
 	log = log.With("vf", vf)
 
 	result, err := p.add(ctx, log, c, args, store, vf)
@@ -336,8 +340,11 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 			return
 		}
 		if terr := p.teardown(ctx, log, st, host, args, ipamDone); terr != nil {
-			log.Error("rollback incomplete", "err", terr)
+			// The state stays: the DEL the runtime sends after a failed
+			// ADD tries the restore again.
+			log.Error("rollback incomplete; state kept for DEL", "err", terr)
 			err = errors.Join(err, fmt.Errorf("rollback: %w", terr))
+			return
 		}
 		if rerr := store.Remove(vf); rerr != nil {
 			log.Error("remove state", "err", rerr)

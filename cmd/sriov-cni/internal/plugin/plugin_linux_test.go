@@ -633,3 +633,26 @@ func TestAddDropsStateFromEarlierBoot(t *testing.T) {
 	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
 	e.requireRestored(orig, "0000:3b:01.5")
 }
+
+// When ADD's own rollback fails, the state stays for the runtime's DEL,
+// which finishes the restore.
+func TestFailedRollbackIsFinishedByDel(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f0v1")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:00.3","vlan":42`)
+	e.rdma.failMove = errors.New("device busy")
+	e.pf.failCall["SetVFVlan"] = 2 // the rollback's restore
+	_, err := e.add(conf, podNS, "c1", "net1")
+	require.ErrorContains(t, err, "move RDMA device mlx5_3 into the pod: device busy")
+	require.ErrorContains(t, err, "rollback")
+	require.Contains(t, e.log.String(), "state kept for DEL")
+	st, err := (&Store{dir: e.stateDir}).Load("0000:3b:00.3")
+	require.NoError(t, err)
+	require.Equal(t, PhaseAdding, st.Phase)
+	require.Equal(t, 42, e.pf.Get("ens1f0np0", 1).Vlan, "not restored yet")
+
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	require.Equal(t, 0, e.pf.Get("ens1f0np0", 1).Vlan)
+	e.requireRestored(orig, "0000:3b:00.3")
+}
