@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/latency"
 )
 
 const benchPFs, benchVFsPerPF = 8, 128
@@ -117,43 +117,19 @@ func BenchmarkDaemonAllocate(b *testing.B) {
 				return dur
 			}
 			call() // the first call dials
-			lat := make(latencies, 0, max(b.N, minAllocateSamples))
+			lat := make(latency.Samples, 0, max(b.N, latency.MinSamples))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				lat = append(lat, call())
 			}
 			b.StopTimer()
-			for len(lat) < minAllocateSamples {
+			for len(lat) < latency.MinSamples {
 				lat = append(lat, call())
 			}
-			lat.report(b)
+			lat.Report(b)
 			d.stop()
 		})
 	}
-}
-
-// minAllocateSamples is how many Allocate calls the percentiles cover at
-// least, whatever b.N is.
-const minAllocateSamples = 1000
-
-// latencies are one sample per operation.
-type latencies []time.Duration
-
-// report adds p50-µs and p99-µs (nearest rank).
-func (l latencies) report(b *testing.B) {
-	b.Helper()
-	if len(l) == 0 {
-		b.Fatal("no latency samples")
-	}
-	s := slices.Clone(l)
-	slices.Sort(s)
-	pct := func(p float64) float64 {
-		i := int(p/100*float64(len(s))+0.999999) - 1
-		i = max(0, min(i, len(s)-1))
-		return float64(s[i].Nanoseconds()) / 1e3
-	}
-	b.ReportMetric(pct(50), "p50-µs")
-	b.ReportMetric(pct(99), "p99-µs")
 }
 
 // firstList drives ListAndWatch as the kubelet does after Register and

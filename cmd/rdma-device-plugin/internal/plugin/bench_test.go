@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/fastpath-k8s/fastpath/internal/latency"
 )
 
 // The benchmarks below drive the Manager over real gRPC on unix sockets
@@ -21,30 +23,6 @@ import (
 // spread pool, two storage ports in a shared pool). Latencies are reported
 // as percentiles of one sample per call (p50-µs, p99-µs); ns/op is the
 // mean of the timed part.
-
-// minAllocateSamples is how many Allocate calls the percentiles cover at
-// least, whatever b.N is.
-const minAllocateSamples = 1000
-
-// latencies are one sample per operation.
-type latencies []time.Duration
-
-// report adds p50-µs and p99-µs (nearest rank).
-func (l latencies) report(b *testing.B) {
-	b.Helper()
-	if len(l) == 0 {
-		b.Fatal("no latency samples")
-	}
-	s := slices.Clone(l)
-	slices.Sort(s)
-	pct := func(p float64) float64 {
-		i := int(p/100*float64(len(s))+0.999999) - 1
-		i = max(0, min(i, len(s)-1))
-		return float64(s[i].Nanoseconds()) / 1e3
-	}
-	b.ReportMetric(pct(50), "p50-µs")
-	b.ReportMetric(pct(99), "p99-µs")
-}
 
 // BenchmarkAllocate is the kubelet's Allocate round trip for one
 // container: request, validation, DeviceSpecs, env, device-info files
@@ -84,17 +62,17 @@ func BenchmarkAllocate(b *testing.B) {
 				return d
 			}
 			call() // the first call dials
-			lat := make(latencies, 0, max(b.N, minAllocateSamples))
+			lat := make(latency.Samples, 0, max(b.N, latency.MinSamples))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				lat = append(lat, call())
 			}
 			b.StopTimer()
-			for len(lat) < minAllocateSamples {
+			for len(lat) < latency.MinSamples {
 				lat = append(lat, call())
 			}
-			lat.report(b)
+			lat.Report(b)
 		})
 	}
 }
@@ -140,7 +118,7 @@ func BenchmarkLinkDown(b *testing.B) {
 		h.registered("mellanox.com/rails", "mellanox.com/storage")
 		w := h.watch(h.client("mellanox.com_rails.sock"))
 		expectRail0(b, w, pluginapi.Healthy)
-		lat := make(latencies, 0, b.N)
+		lat := make(latency.Samples, 0, b.N)
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			start := time.Now()
@@ -153,7 +131,7 @@ func BenchmarkLinkDown(b *testing.B) {
 			b.StartTimer()
 		}
 		b.StopTimer()
-		lat.report(b)
+		lat.Report(b)
 	})
 	b.Run("links=veth", func(b *testing.B) {
 		if os.Geteuid() != 0 {
@@ -211,7 +189,7 @@ func BenchmarkLinkDown(b *testing.B) {
 		h.registered("mellanox.com/rails", "mellanox.com/storage")
 		w := h.watch(h.client("mellanox.com_rails.sock"))
 		expectRail0(b, w, pluginapi.Healthy)
-		lat := make(latencies, 0, b.N)
+		lat := make(latency.Samples, 0, b.N)
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			start := time.Now()
@@ -227,7 +205,7 @@ func BenchmarkLinkDown(b *testing.B) {
 		if err := subErr.get(); err != nil {
 			b.Fatalf("netlink subscription: %v", err)
 		}
-		lat.report(b)
+		lat.Report(b)
 	})
 }
 
@@ -312,7 +290,7 @@ func BenchmarkKubeletRestart(b *testing.B) {
 	h := newHarness(b, nil, dgxPools(b)...)
 	h.run()
 	h.registered("mellanox.com/rails", "mellanox.com/storage")
-	lat := make(latencies, 0, b.N)
+	lat := make(latency.Samples, 0, b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if err := h.stub.Restart(); err != nil {
@@ -331,7 +309,7 @@ func BenchmarkKubeletRestart(b *testing.B) {
 			b.Fatalf("after %d restarts: %v", b.N, err)
 		}
 	}
-	lat.report(b)
+	lat.Report(b)
 }
 
 // registeredAt waits for every resource to register with generation gen
