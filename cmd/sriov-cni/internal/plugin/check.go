@@ -133,7 +133,8 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	}
 	if c.IPAM.Type != "" {
 		if _, err := ipamCall(ctx, "STATUS", &skel.CmdArgs{Path: args.Path}, c.IPAM.Type, args.StdinData); err != nil {
-			return fmt.Errorf("IPAM %s STATUS: %w", c.IPAM.Type, err)
+			// The IPAM plugin's own code, when it gave one, wins.
+			return fail(types.ErrPluginNotAvailable, "", "IPAM "+c.IPAM.Type+" STATUS", err)
 		}
 	}
 	return nil

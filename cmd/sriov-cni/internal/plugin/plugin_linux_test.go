@@ -539,6 +539,10 @@ func TestStatus(t *testing.T) {
 		fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","type":"sriov","stateDir":%q}`, filepath.Join(file, "state")))})
 	require.Equal(t, types.ErrPluginNotAvailable, CNIError(err).Code)
 
+	err = e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(e.conf(`"ipam":{"type":"no-such-ipam"}`))})
+	require.Equal(t, types.ErrPluginNotAvailable, CNIError(err).Code)
+	require.ErrorContains(t, err, `IPAM no-such-ipam STATUS: IPAM plugin "no-such-ipam"`)
+
 	e.rdma.mode = RDMAModeShared
 	err = e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(e.conf(`"rdmaIsolation":true`))})
 	require.ErrorContains(t, err, `RDMA netns mode is "shared"`)
