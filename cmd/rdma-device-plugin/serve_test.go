@@ -45,7 +45,7 @@ func binary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "rdma-device-plugin")
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", binPath, ".")
+		cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-ldflags", "-s -w", "-o", binPath, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, err := cmd.CombinedOutput()
 		if err != nil {

@@ -51,7 +51,7 @@ func Build(tb testing.TB, pkgs ...string) string {
 		}
 		err, done := built[name]
 		if !done {
-			out, cerr := exec.Command("go", "build", "-o", filepath.Join(dir, name), p).CombinedOutput()
+			out, cerr := exec.Command("go", "build", "-buildvcs=false", "-o", filepath.Join(dir, name), p).CombinedOutput()
 			if cerr != nil {
 				err = fmt.Errorf("go build %s: %v\n%s", p, cerr, out)
 			}

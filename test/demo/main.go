@@ -108,7 +108,7 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 		{"./cmd/sriov-cni", "sriov"},
 		{"github.com/containernetworking/plugins/plugins/ipam/host-local", "host-local"},
 	} {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, b.name), b.pkg).CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-buildvcs=false", "-o", filepath.Join(bin, b.name), b.pkg).CombinedOutput(); err != nil {
 			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
 		}
 		fmt.Fprintf(d.out, "  %s\n", filepath.Join(bin, b.name))
