@@ -660,3 +660,22 @@ func TestFailedRollbackIsFinishedByDel(t *testing.T) {
 	require.Equal(t, 0, e.pf.Get("ens1f0np0", 1).Vlan)
 	e.requireRestored(orig, "0000:3b:00.3")
 }
+
+// runtimeConfig.ips and runtimeConfig.mac (Multus' "ips" and "mac"
+// capabilities) reach the static IPAM plugin and the VF.
+func TestRuntimeConfigIPsAndMAC(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f0v3")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:00.5","runtimeConfig":{"ips":["10.85.0.7/24"],"mac":"02:fa:57:00:00:77"},"ipam":{"type":"static"}`)
+	res, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	require.Equal(t, "10.85.0.7/24", res.IPs[0].Address.String())
+	require.Equal(t, "02:fa:57:00:00:77", res.Interfaces[0].Mac)
+	require.Contains(t, e.pf.Calls(), "SetVFMAC ens1f0np0 3 02:fa:57:00:00:77")
+	l, err := linkIn(t, podNS, "net1")
+	require.NoError(t, err)
+	require.Equal(t, "02:fa:57:00:00:77", l.Attrs().HardwareAddr.String())
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(orig, "0000:3b:00.5")
+}
