@@ -117,16 +117,7 @@ func BenchmarkDaemonAllocate(b *testing.B) {
 				return dur
 			}
 			call() // the first call dials
-			lat := make(latency.Samples, 0, max(b.N, latency.MinSamples))
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				lat = append(lat, call())
-			}
-			b.StopTimer()
-			for len(lat) < latency.MinSamples {
-				lat = append(lat, call())
-			}
-			lat.Report(b)
+			latency.Measure(b, call)
 			d.stop()
 		})
 	}

@@ -35,3 +35,20 @@ func (s Samples) Report(b *testing.B) {
 	b.ReportMetric(float64(s.Percentile(50).Nanoseconds())/1e3, "p50-µs")
 	b.ReportMetric(float64(s.Percentile(99).Nanoseconds())/1e3, "p99-µs")
 }
+
+// Measure times op b.N times (at least MinSamples: the ones past b.N run
+// with the timer stopped, so ns/op stays the mean of b.N) and reports the
+// percentiles. op returns the duration of its own operation.
+func Measure(b *testing.B, op func() time.Duration) {
+	b.Helper()
+	s := make(Samples, 0, max(b.N, MinSamples))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s = append(s, op())
+	}
+	b.StopTimer()
+	for len(s) < MinSamples {
+		s = append(s, op())
+	}
+	s.Report(b)
+}

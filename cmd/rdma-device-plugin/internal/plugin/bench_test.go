@@ -62,17 +62,8 @@ func BenchmarkAllocate(b *testing.B) {
 				return d
 			}
 			call() // the first call dials
-			lat := make(latency.Samples, 0, max(b.N, latency.MinSamples))
 			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				lat = append(lat, call())
-			}
-			b.StopTimer()
-			for len(lat) < latency.MinSamples {
-				lat = append(lat, call())
-			}
-			lat.Report(b)
+			latency.Measure(b, call)
 		})
 	}
 }
