@@ -113,10 +113,10 @@ func shortID(id string) string {
 // k8sArgs are the CNI_ARGS a Kubernetes runtime passes.
 type k8sArgs struct {
 	types.CommonArgs
-	K8S_POD_NAMESPACE          types.UnmarshallableString //nolint:revive // CNI_ARGS key
-	K8S_POD_NAME               types.UnmarshallableString //nolint:revive // CNI_ARGS key
-	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive // CNI_ARGS key
-	K8S_POD_UID                types.UnmarshallableString //nolint:revive // CNI_ARGS key
+	K8S_POD_NAMESPACE          types.UnmarshallableString
+	K8S_POD_NAME               types.UnmarshallableString
+	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString
+	K8S_POD_UID                types.UnmarshallableString
 }
 
 // candidates are the VFs this attachment may use: the one the conf names,
@@ -233,9 +233,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		return fail(types.ErrTryAgainLater, strings.Join(cands, ","), "add", fmt.Errorf("%w: attached to %s", ErrBusy, strings.Join(busy, ", ")))
 	}
 	defer func() {
+		if err == nil {
+			lock.Unlock(false)
+			return
+		}
 		// A failed ADD that left no state leaves no lock file either.
 		_, serr := store.Load(vf)
-		lock.Unlock(err != nil && errors.Is(serr, fs.ErrNotExist))
+		lock.Unlock(errors.Is(serr, fs.ErrNotExist))
 	}()
 	log = log.With("vf", vf)
 
@@ -430,14 +434,6 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 	}
 	log.Info("attached", "netdev", st.HostName, "rdma", dev.RDMADevice, "rdmaMoved", st.RDMAMoved, "netns", args.Netns)
 	return res, nil
-}
-
-// PodMACOrActual is the MAC the pod's interface has.
-func (s *State) PodMACOrActual() string {
-	if s.PodMAC != "" {
-		return s.PodMAC
-	}
-	return s.HostMAC
 }
 
 // checkDevice checks the conf against what the VF is.

@@ -71,6 +71,15 @@ type State struct {
 	DelAttempts int `json:"delAttempts,omitempty"`
 }
 
+// PodMACOrActual is the MAC the pod's interface has: the one ADD set, or
+// the VF netdev's own.
+func (s *State) PodMACOrActual() string {
+	if s.PodMAC != "" {
+		return s.PodMAC
+	}
+	return s.HostMAC
+}
+
 // bootIDPath holds a random ID the kernel picks at each boot.
 const bootIDPath = "/proc/sys/kernel/random/boot_id"
 
