@@ -1,11 +1,12 @@
 package pci
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"strings"
+	"slices"
 	"sync"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
@@ -25,6 +26,15 @@ type ClassLinks map[string][]string
 // directory (module not loaded) is an empty map. Readlinks run on workers
 // goroutines; names come out sorted per function.
 func ReadClassLinks(sys, class, sub string, workers int) (ClassLinks, error) {
+	return ReadClassLinksSharing(sys, class, sub, workers, nil)
+}
+
+// ReadClassLinksSharing is ReadClassLinks for a class whose entries come
+// in families with one parent: sibling(name) names the entry whose owner
+// name shares ("" for none), and when that entry is listed its link is
+// read instead of name's. ib_umad, for one, makes umadN and issmN for the
+// same port with the same parent.
+func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(name string) string) (ClassLinks, error) {
 	dir, err := sysfs.Open(filepath.Join(sys, "class", class))
 	if errors.Is(err, fs.ErrNotExist) {
 		return ClassLinks{}, nil
@@ -38,6 +48,20 @@ func ReadClassLinks(sys, class, sub string, workers int) (ClassLinks, error) {
 		return nil, fmt.Errorf("list class %s: %w", class, err)
 	}
 	owners := make([]string, len(names))
+	// shared[i] is the index of the listed entry whose owner names[i]
+	// takes, or -1 to read its own link.
+	shared := make([]int, len(names))
+	for i, n := range names {
+		shared[i] = -1
+		if sibling == nil {
+			continue
+		}
+		if sib := sibling(n); sib != "" && sib != n {
+			if j, ok := slices.BinarySearch(names, sib); ok && (sibling(sib) == "" || sibling(sib) == sib) {
+				shared[i] = j
+			}
+		}
+	}
 	if workers < 1 {
 		workers = 1
 	}
@@ -48,16 +72,25 @@ func ReadClassLinks(sys, class, sub string, workers int) (ClassLinks, error) {
 		wg.Add(1)
 		go func(lo, hi int) {
 			defer wg.Done()
+			var buf [512]byte
 			for i := lo; i < hi; i++ {
+				if shared[i] >= 0 {
+					continue
+				}
 				// A link that vanished mid-scan has no owner.
-				if t, err := dir.Readlink(names[i]); err == nil {
-					owners[i] = ownerOf(t, sub, names[i])
+				if n, err := dir.ReadlinkTo(names[i], buf[:]); err == nil {
+					owners[i] = ownerOf(buf[:n], sub, names[i])
 				}
 			}
 		}(lo, hi)
 	}
 	wg.Wait()
-	out := make(ClassLinks)
+	for i, j := range shared {
+		if j >= 0 {
+			owners[i] = owners[j]
+		}
+	}
+	out := make(ClassLinks, len(names))
 	for i, o := range owners {
 		if o != "" {
 			out[o] = append(out[o], names[i]) // names are sorted, so each list is
@@ -67,14 +100,23 @@ func ReadClassLinks(sys, class, sub string, workers int) (ClassLinks, error) {
 }
 
 // ownerOf returns the PCI address in ".../<addr>/<sub>/<name>", or "".
-func ownerOf(target, sub, name string) string {
-	rest, ok := strings.CutSuffix(target, "/"+sub+"/"+name)
+func ownerOf(target []byte, sub, name string) string {
+	rest, ok := bytes.CutSuffix(target, []byte(name))
 	if !ok {
 		return ""
 	}
-	addr := rest[strings.LastIndexByte(rest, '/')+1:]
-	if !ValidAddress(addr) {
+	if rest, ok = bytes.CutSuffix(rest, []byte("/")); !ok {
 		return ""
 	}
-	return addr
+	if rest, ok = bytes.CutSuffix(rest, []byte(sub)); !ok {
+		return ""
+	}
+	if rest, ok = bytes.CutSuffix(rest, []byte("/")); !ok {
+		return ""
+	}
+	addr := rest[bytes.LastIndexByte(rest, '/')+1:]
+	if len(addr) != 12 || !ValidAddress(string(addr)) {
+		return ""
+	}
+	return string(addr)
 }

@@ -3,6 +3,7 @@ package pci
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,7 +20,7 @@ func TestOwnerOf(t *testing.T) {
 		{"/net/x", "net", "x", ""},
 	}
 	for _, tt := range tests {
-		require.Equal(t, tt.want, ownerOf(tt.target, tt.sub, tt.name), tt.target)
+		require.Equal(t, tt.want, ownerOf([]byte(tt.target), tt.sub, tt.name), tt.target)
 	}
 }
 
@@ -43,4 +44,31 @@ func TestReadClassLinks(t *testing.T) {
 	links, err := ReadClassLinks(sys, "infiniband", "infiniband", 2)
 	require.NoError(t, err, "a missing class (module not loaded) is empty, not an error")
 	require.Empty(t, links)
+}
+
+func TestReadClassLinksSharing(t *testing.T) {
+	sys := t.TempDir()
+	class := filepath.Join(sys, "class", "infiniband_mad")
+	require.NoError(t, os.MkdirAll(class, 0o755))
+	const a, b, c = "0000:01:00.0", "0000:01:00.1", "0000:02:00.0"
+	for name, owner := range map[string]string{
+		"umad0": a,
+		"issm0": b, // never read: it shares umad0's parent
+		"umad1": b,
+		"issm1": b,
+		"issm7": c, // no umad7 listed: read its own link
+	} {
+		require.NoError(t, os.Symlink("../../devices/pci0000:00/"+owner+"/infiniband_mad/"+name, filepath.Join(class, name)))
+	}
+	umadOf := func(n string) string {
+		if rest, ok := strings.CutPrefix(n, "issm"); ok {
+			return "umad" + rest
+		}
+		return ""
+	}
+	for _, workers := range []int{1, 4} {
+		links, err := ReadClassLinksSharing(sys, "infiniband_mad", "infiniband_mad", workers, umadOf)
+		require.NoError(t, err)
+		require.Equal(t, ClassLinks{a: {"issm0", "umad0"}, b: {"issm1", "umad1"}, c: {"issm7"}}, links, "workers=%d", workers)
+	}
 }

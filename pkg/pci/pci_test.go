@@ -198,3 +198,32 @@ func TestNamesFromPCIIDs(t *testing.T) {
 	require.Equal(t, "MT2910 Family [ConnectX-7]", n.Model("15b3", "1021"))
 	require.Equal(t, "15b3:101e", n.Model("15b3", "101e"))
 }
+
+func TestScanVFItsPFDoesNotList(t *testing.T) {
+	// VFs being disabled: the kernel removes the PF's virtfnN link first.
+	root := t.TempDir()
+	require.NoError(t, fixture.Generate(root, 1, 2))
+	pfDir := filepath.Join(root, "sys/bus/pci/devices", fixture.PCIAddress(0, 0x10, 0, 0))
+	require.NoError(t, os.Remove(filepath.Join(pfDir, "virtfn1")))
+	fns, err := pci.New(root).Scan(nil)
+	require.NoError(t, err)
+	m := byAddr(t, fns)
+	require.Equal(t, []string{fixture.VFAddress(0x10, 0)}, m[fixture.PCIAddress(0, 0x10, 0, 0)].VFs)
+	vf := m[fixture.VFAddress(0x10, 1)]
+	require.Equal(t, fixture.PCIAddress(0, 0x10, 0, 0), vf.PhysFn, "physfn still names the PF")
+	require.Equal(t, -1, vf.VFIndex)
+	require.Equal(t, 0, vf.NUMANode, "its own numa_node is read")
+	require.Equal(t, m[fixture.PCIAddress(0, 0x10, 0, 0)].Bridges, vf.Bridges)
+	require.Equal(t, 0, m[fixture.VFAddress(0x10, 0)].VFIndex)
+}
+
+func TestScanVFPhysfnGarbage(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, fixture.Generate(root, 1, 1))
+	physfn := filepath.Join(root, "sys/bus/pci/devices", fixture.VFAddress(0x10, 0), "physfn")
+	require.NoError(t, os.Remove(physfn))
+	require.NoError(t, os.Symlink("../not-a-function", physfn))
+	_, err := pci.New(root).Scan(nil)
+	require.ErrorContains(t, err, "physfn")
+	require.ErrorContains(t, err, "not-a-function")
+}

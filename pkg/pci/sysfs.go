@@ -1,6 +1,7 @@
 package pci
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"strconv"
@@ -38,7 +39,7 @@ func readInt(d sysfs.Dir, name string) (int, error) {
 	}
 	n, err := strconv.Atoi(string(b))
 	if err != nil {
-		return 0, fmt.Errorf("%s/%s: not a number: %q", d.Path, name, b)
+		return 0, fmt.Errorf("%s/%s: not a number: %q", d.Path(), name, b)
 	}
 	return n, nil
 }
@@ -52,7 +53,7 @@ func readHex(d sysfs.Dir, name string) (string, error) {
 	}
 	id, ok := hexDigits(string(b), 4)
 	if !ok {
-		return "", fmt.Errorf("%s/%s: not a 16-bit hex ID: %q", d.Path, name, b)
+		return "", fmt.Errorf("%s/%s: not a 16-bit hex ID: %q", d.Path(), name, b)
 	}
 	return id, nil
 }
@@ -65,7 +66,7 @@ func readClass(d sysfs.Dir) (string, error) {
 	}
 	id, ok := hexDigits(string(b), 6)
 	if !ok {
-		return "", fmt.Errorf("%s/class: not a 24-bit class code: %q", d.Path, b)
+		return "", fmt.Errorf("%s/class: not a 24-bit class code: %q", d.Path(), b)
 	}
 	return "0x" + id, nil
 }
@@ -88,17 +89,24 @@ func hexDigits(s string, n int) (string, bool) {
 // the kernel's own one-read summary. It reports false when uevent is
 // missing or lacks the IDs, and the caller reads the single attributes.
 func (f *Function) fromUevent(d sysfs.Dir) bool {
-	b, err := d.Read("uevent")
+	var buf [1024]byte
+	b, err := d.ReadTo("uevent", buf[:])
 	if err != nil {
 		return false
 	}
-	var id, class, driver string
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+	var id, class, driver []byte
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		k, v, ok := bytes.Cut(bytes.TrimSpace(line), []byte("="))
 		if !ok {
 			continue
 		}
-		switch k {
+		switch string(k) {
 		case "PCI_ID":
 			id = v
 		case "PCI_CLASS":
@@ -107,22 +115,26 @@ func (f *Function) fromUevent(d sysfs.Dir) bool {
 			driver = v
 		}
 	}
-	vendor, device, ok := strings.Cut(id, ":")
+	vendor, device, ok := bytes.Cut(id, []byte(":"))
 	if !ok {
 		return false
 	}
-	if vendor, ok = hexDigits(vendor, 4); !ok {
+	var vs, ds, cs string
+	if vs, ok = hexDigits(string(vendor), 4); !ok {
 		return false
 	}
-	if device, ok = hexDigits(device, 4); !ok {
+	if ds, ok = hexDigits(string(device), 4); !ok {
 		return false
 	}
-	if len(class) < 6 {
-		class = strings.Repeat("0", 6-len(class)) + class
-	}
-	if class, ok = hexDigits(class, 6); !ok {
+	if len(class) > 6 {
 		return false
 	}
-	f.Vendor, f.Device, f.Class, f.Driver = vendor, device, "0x"+class, driver
+	var c [6]byte
+	copy(c[:], "000000")
+	copy(c[6-len(class):], class)
+	if cs, ok = hexDigits(string(c[:]), 6); !ok {
+		return false
+	}
+	f.Vendor, f.Device, f.Class, f.Driver = vs, ds, "0x"+cs, string(driver)
 	return true
 }

@@ -11,9 +11,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
@@ -131,17 +133,31 @@ type ScanIndex struct {
 // ScanIndex reads the class directories with workers goroutines.
 func (r *Reader) ScanIndex(workers int) (*ScanIndex, error) {
 	var idx ScanIndex
-	var err error
-	if idx.devices, err = pci.ReadClassLinks(r.sys, "infiniband", "infiniband", workers); err != nil {
-		return nil, err
-	}
-	if idx.verbs, err = pci.ReadClassLinks(r.sys, "infiniband_verbs", "infiniband_verbs", workers); err != nil {
-		return nil, err
-	}
-	if idx.mad, err = pci.ReadClassLinks(r.sys, "infiniband_mad", "infiniband_mad", workers); err != nil {
+	var errs [3]error
+	var wg sync.WaitGroup
+	// The three listings and their readlinks overlap: a listing is one
+	// long system call that leaves the other CPUs idle.
+	wg.Go(func() { idx.devices, errs[0] = pci.ReadClassLinks(r.sys, "infiniband", "infiniband", workers) })
+	wg.Go(func() {
+		idx.verbs, errs[1] = pci.ReadClassLinks(r.sys, "infiniband_verbs", "infiniband_verbs", workers)
+	})
+	wg.Go(func() {
+		idx.mad, errs[2] = pci.ReadClassLinksSharing(r.sys, "infiniband_mad", "infiniband_mad", workers, umadOfIssm)
+	})
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
 	return &idx, nil
+}
+
+// umadOfIssm names the umadN of an issmN: ib_umad registers both for one
+// port, with one device number and the same parent.
+func umadOfIssm(name string) string {
+	if n, ok := strings.CutPrefix(name, KindIssm); ok && n != "" && strings.Trim(n, "0123456789") == "" {
+		return KindUmad + n
+	}
+	return ""
 }
 
 // DevicesForScan is DevicesIn for the function at addr, open as dir, with
@@ -175,41 +191,57 @@ func devicesFrom(dir sysfs.Dir, names, verbs, mad []string, withState bool) ([]D
 		return nil, nil
 	}
 	devs := make([]Device, len(names))
-	byName := make(map[string]*Device, len(names))
+	single := len(devs) == 1
+	// ib_umad makes one umad device per IB or RoCE port: a single device
+	// with k of them has ports 1..k, and no port k+1 to probe for.
+	nports := 0
+	if single {
+		for _, e := range mad {
+			if kind := strings.TrimRight(e, "0123456789"); kind == KindUmad && kind != e {
+				nports++
+			}
+		}
+	}
 	for i, n := range names {
 		devs[i].Name = n
-		byName[n] = &devs[i]
-		ports, err := readPorts(dir, "infiniband/"+n, withState)
+		ports, err := readPorts(dir, "infiniband/"+n, withState, nports)
 		if err != nil {
 			return nil, fmt.Errorf("rdma %s: %w", n, err)
 		}
 		devs[i].Ports = ports
 	}
-	single := len(devs) == 1
-	for class, entries := range map[string][]string{"infiniband_verbs": verbs, "infiniband_mad": mad} {
-		for _, e := range entries {
+	classes := [...]struct {
+		name    string
+		entries []string
+	}{{"infiniband_verbs", verbs}, {"infiniband_mad", mad}}
+	for _, class := range classes {
+		for _, e := range class.entries {
 			kind := strings.TrimRight(e, "0123456789")
 			if kind != KindUverbs && kind != KindUmad && kind != KindIssm || kind == e {
 				continue
 			}
 			d := &devs[0]
 			if !single {
-				ibdev, err := dir.Read(class + "/" + e + "/ibdev")
+				ibdev, err := dir.Read(class.name + "/" + e + "/ibdev")
 				if err != nil {
 					continue // being removed
 				}
-				var ok bool
-				if d, ok = byName[string(ibdev)]; !ok {
+				i := slices.IndexFunc(devs, func(d Device) bool { return d.Name == string(ibdev) })
+				if i < 0 {
 					continue
 				}
+				d = &devs[i]
 			}
 			cd := CharDevice{Kind: kind, Name: e, Path: DevDir + "/" + e}
 			if kind != KindUverbs {
 				if len(d.Ports) == 1 {
 					cd.Port = d.Ports[0].Number
-				} else if p, err := dir.Read(class + "/" + e + "/port"); err == nil {
+				} else if p, err := dir.Read(class.name + "/" + e + "/port"); err == nil {
 					cd.Port, _ = strconv.Atoi(string(p))
 				}
+			}
+			if d.CharDevices == nil {
+				d.CharDevices = make([]CharDevice, 0, 1+2*max(1, len(d.Ports)))
 			}
 			d.CharDevices = append(d.CharDevices, cd)
 		}
@@ -220,31 +252,44 @@ func devicesFrom(dir sysfs.Dir, names, verbs, mad []string, withState bool) ([]D
 	return devs, nil
 }
 
+// sortCharDevices orders char devices by port, uverbs (port 0) first,
+// then umad before issm.
 func sortCharDevices(c []CharDevice) {
-	rank := map[string]int{KindUverbs: 0, KindUmad: 1, KindIssm: 2}
-	sort.Slice(c, func(i, j int) bool {
-		if c[i].Port != c[j].Port {
-			return c[i].Port < c[j].Port
+	rank := func(kind string) int {
+		switch kind {
+		case KindUverbs:
+			return 0
+		case KindUmad:
+			return 1
 		}
-		return rank[c[i].Kind] < rank[c[j].Kind]
+		return 2
+	}
+	slices.SortStableFunc(c, func(a, b CharDevice) int {
+		if a.Port != b.Port {
+			return a.Port - b.Port
+		}
+		return rank(a.Kind) - rank(b.Kind)
 	})
 }
 
 // readPorts reads the ports of dev (a path below dir). Ports of a channel
 // adapter are numbered from 1: reading 1, 2, … until one is missing saves
-// listing the directory. withState also reads each port's state.
-func readPorts(dir sysfs.Dir, dev string, withState bool) ([]Port, error) {
+// listing the directory; known > 0 is the number of ports when the caller
+// knows it, and saves the probe past the last. withState also reads each
+// port's state.
+func readPorts(dir sysfs.Dir, dev string, withState bool, known int) ([]Port, error) {
 	var ports []Port
-	for n := 1; ; n++ {
+	for n := 1; known <= 0 || n <= known; n++ {
 		p := dev + "/ports/" + strconv.Itoa(n)
-		ll, err := dir.Read(p + "/link_layer")
+		var buf [64]byte
+		ll, err := dir.ReadTo(p+"/link_layer", buf[:])
 		if errors.Is(err, fs.ErrNotExist) {
 			return ports, nil
 		}
 		if err != nil {
 			return nil, err
 		}
-		port := Port{Number: n, LinkLayer: string(ll)}
+		port := Port{Number: n, LinkLayer: linkLayer(ll)}
 		if withState {
 			if st, err := dir.Read(p + "/state"); err == nil {
 				port.State = stateName(string(st))
@@ -252,6 +297,19 @@ func readPorts(dir sysfs.Dir, dev string, withState bool) ([]Port, error) {
 		}
 		ports = append(ports, port)
 	}
+	return ports, nil
+}
+
+// linkLayer returns the link layer as a string, without allocating for
+// the two the kernel writes.
+func linkLayer(b []byte) string {
+	switch string(b) {
+	case LinkLayerInfiniBand:
+		return LinkLayerInfiniBand
+	case LinkLayerEthernet:
+		return LinkLayerEthernet
+	}
+	return string(b)
 }
 
 // stateName turns "4: ACTIVE" into "ACTIVE".
@@ -274,17 +332,38 @@ func (r *Reader) PortState(dev string, port int) (string, error) {
 	return stateName(s), nil
 }
 
-// DevNodes lists the char devices present in <root>/dev/infiniband, by
-// host path ("/dev/infiniband/uverbs14"). A missing directory is an empty
-// set: the RDMA modules are not loaded.
-func (r *Reader) DevNodes() (map[string]bool, error) {
-	names, err := readDirNames(filepath.Join(r.root, DevDir))
+// DevNodes is the set of char devices present in <root>/dev/infiniband.
+type DevNodes map[string]struct{}
+
+// Has reports whether the device at host path ("/dev/infiniband/uverbs14")
+// is present.
+func (n DevNodes) Has(path string) bool {
+	name, ok := strings.CutPrefix(path, DevDir+"/")
+	if !ok {
+		return false
+	}
+	_, ok = n[name]
+	return ok
+}
+
+// DevNodes lists the char devices present in <root>/dev/infiniband. A
+// missing directory is an empty set: the RDMA modules are not loaded.
+func (r *Reader) DevNodes() (DevNodes, error) {
+	dir, err := sysfs.Open(filepath.Join(r.root, DevDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return DevNodes{}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	m := make(map[string]bool, len(names))
+	defer dir.Close()
+	names, err := dir.List(".")
+	if err != nil {
+		return nil, err
+	}
+	m := make(DevNodes, len(names))
 	for _, n := range names {
-		m[DevDir+"/"+n] = true
+		m[n] = struct{}{}
 	}
 	return m, nil
 }

@@ -79,8 +79,10 @@ func TestDevNodes(t *testing.T) {
 	r := rdma.NewReader(root("dgx-h100"))
 	nodes, err := r.DevNodes()
 	require.NoError(t, err)
-	require.True(t, nodes["/dev/infiniband/uverbs14"])
-	require.True(t, nodes[rdma.RDMACMPath])
+	require.True(t, nodes.Has("/dev/infiniband/uverbs14"))
+	require.False(t, nodes.Has("/dev/infiniband/uverbs99"))
+	require.False(t, nodes.Has("uverbs14"), "a host path, not a name")
+	require.True(t, nodes.Has(rdma.RDMACMPath))
 	nodes, err = rdma.NewReader(t.TempDir()).DevNodes()
 	require.NoError(t, err)
 	require.Empty(t, nodes)
@@ -114,4 +116,90 @@ func TestUverbsMatchedByIbdev(t *testing.T) {
 	require.Equal(t, "uverbs1", devs[0].CharDevices[0].Name)
 	require.Equal(t, "uverbs0", devs[1].CharDevices[0].Name)
 	require.Equal(t, "", devs[0].Ports[0].State)
+}
+
+// fn lays out one PCI function's RDMA pieces below dir: files maps a path
+// below the function to its content.
+func fn(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "sys", "devices", "pci0000:00", "0000:01:00.0")
+	for p, content := range files {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, p), []byte(content+"\n"), 0o644))
+	}
+	return dir
+}
+
+func TestDevicesPorts(t *testing.T) {
+	r := rdma.NewReader("/")
+	// A dual-port device: two umad devices, one per port, each naming it.
+	dir := fn(t, map[string]string{
+		"infiniband/mlx4_0/ports/1/link_layer": "InfiniBand",
+		"infiniband/mlx4_0/ports/2/link_layer": "Ethernet",
+		"infiniband_verbs/uverbs3/ibdev":       "mlx4_0",
+		"infiniband_mad/umad4/port":            "1",
+		"infiniband_mad/umad5/port":            "2",
+		"infiniband_mad/issm4/port":            "1",
+		"infiniband_mad/issm5/port":            "2",
+		"infiniband/mlx4_0/ports/1/state":      "4: ACTIVE",
+		"infiniband/mlx4_0/ports/2/state":      "1: DOWN",
+	})
+	devs, err := r.DevicesAt(dir)
+	require.NoError(t, err)
+	require.Len(t, devs, 1)
+	require.Equal(t, []rdma.Port{{1, "InfiniBand", "ACTIVE"}, {2, "Ethernet", "DOWN"}}, devs[0].Ports)
+	require.Equal(t, []rdma.CharDevice{
+		{Kind: "uverbs", Name: "uverbs3", Path: "/dev/infiniband/uverbs3"},
+		{Kind: "umad", Name: "umad4", Path: "/dev/infiniband/umad4", Port: 1},
+		{Kind: "issm", Name: "issm4", Path: "/dev/infiniband/issm4", Port: 1},
+		{Kind: "umad", Name: "umad5", Path: "/dev/infiniband/umad5", Port: 2},
+		{Kind: "issm", Name: "issm5", Path: "/dev/infiniband/issm5", Port: 2},
+	}, devs[0].CharDevices)
+
+	// One umad device: one port, and port 2 is not probed for.
+	dir = fn(t, map[string]string{
+		"infiniband/mlx5_0/ports/1/link_layer": "InfiniBand",
+		"infiniband/mlx5_0/ports/2/link_layer": "InfiniBand",
+		"infiniband_mad/umad0/port":            "1",
+	})
+	devs, err = r.DevicesAt(dir)
+	require.NoError(t, err)
+	require.Equal(t, []rdma.Port{{Number: 1, LinkLayer: "InfiniBand"}}, devs[0].Ports)
+
+	// Without ib_umad nothing tells the port count: ports are read until
+	// one is missing.
+	dir = fn(t, map[string]string{
+		"infiniband/mlx5_0/ports/1/link_layer": "Ethernet",
+		"infiniband/mlx5_0/ports/2/link_layer": "Ethernet",
+		"infiniband_verbs/uverbs0/ibdev":       "mlx5_0",
+	})
+	devs, err = r.DevicesAt(dir)
+	require.NoError(t, err)
+	require.Len(t, devs, 1)
+	require.Len(t, devs[0].Ports, 2)
+
+	// Two devices on one function: char devices go by their ibdev.
+	dir = fn(t, map[string]string{
+		"infiniband/mlx5_0/ports/1/link_layer": "Ethernet",
+		"infiniband/mlx5_1/ports/1/link_layer": "Ethernet",
+		"infiniband_verbs/uverbs0/ibdev":       "mlx5_1",
+		"infiniband_verbs/uverbs1/ibdev":       "mlx5_0",
+		"infiniband_verbs/uverbs2/ibdev":       "gone_9",
+		"infiniband_mad/umad0/ibdev":           "mlx5_0",
+		"infiniband_mad/umad0/port":            "1",
+	})
+	devs, err = r.DevicesAt(dir)
+	require.NoError(t, err)
+	require.Len(t, devs, 2)
+	require.Equal(t, "mlx5_0", devs[0].Name)
+	require.Equal(t, []rdma.CharDevice{
+		{Kind: "uverbs", Name: "uverbs1", Path: "/dev/infiniband/uverbs1"},
+		{Kind: "umad", Name: "umad0", Path: "/dev/infiniband/umad0", Port: 1},
+	}, devs[0].CharDevices)
+	require.Equal(t, []rdma.CharDevice{{Kind: "uverbs", Name: "uverbs0", Path: "/dev/infiniband/uverbs0"}}, devs[1].CharDevices)
+
+	// A link_layer that cannot be read is an error naming it.
+	dir = fn(t, map[string]string{"infiniband/mlx5_0/ports/1/link_layer/x": ""})
+	_, err = r.DevicesAt(dir)
+	require.ErrorContains(t, err, "link_layer")
 }

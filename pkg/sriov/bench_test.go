@@ -2,9 +2,14 @@ package sriov_test
 
 import (
 	"fmt"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
@@ -15,6 +20,14 @@ var discoverHosts = []struct{ pfs, vfs int }{{8, 16}, {8, 128}, {32, 128}}
 
 // BenchmarkDiscover scans generated hosts of 128, 1024 and 4096 VFs. Each
 // VF has a netdev, an RDMA device and uverbs/umad/issm char devices.
+//
+// The floor sub-benchmark is not fastpath code: on the same host it makes
+// only the system calls no faithful scan can do without, per VF, from as
+// many threads as there are CPUs, with nothing parsed or kept: read
+// uevent, readlink physfn and the PF's virtfnN, readlink its four class
+// entries (net, infiniband, infiniband_verbs, infiniband_mad) and read its
+// port's link_layer. It tells what this machine's kernel charges for
+// reading a node, so that Scan's figure can be read against it.
 func BenchmarkDiscover(b *testing.B) {
 	for _, h := range discoverHosts {
 		b.Run(fmt.Sprintf("vfs=%d", h.pfs*h.vfs), func(b *testing.B) {
@@ -24,14 +37,89 @@ func BenchmarkDiscover(b *testing.B) {
 			snap, err := sc.Scan()
 			require.NoError(b, err)
 			require.Len(b, snap.Devices, h.pfs*(h.vfs+1))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := sc.Scan(); err != nil {
-					b.Fatal(err)
+			b.Run("scan", func(b *testing.B) {
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					if _, err := sc.Scan(); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(h.pfs*h.vfs), "ns/vf")
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(h.pfs*h.vfs), "ns/vf")
+			})
+			b.Run("floor", func(b *testing.B) { benchFloor(b, root, snap, h.pfs*h.vfs) })
 		})
 	}
+}
+
+// benchFloor makes the floor's system calls for every VF of snap.
+func benchFloor(b *testing.B, root string, snap *sriov.Snapshot, vfs int) {
+	sys := filepath.Join(root, "sys")
+	open := func(p string) int {
+		fd, err := unix.Open(filepath.Join(sys, p), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		require.NoError(b, err)
+		b.Cleanup(func() { unix.Close(fd) })
+		return fd
+	}
+	bus, net, ib, verbs, mad := open("bus/pci/devices"), open("class/net"), open("class/infiniband"),
+		open("class/infiniband_verbs"), open("class/infiniband_mad")
+	type op struct {
+		dir  int
+		name string
+		read bool // open, read and close; else readlink
+	}
+	var ops [][]op // per VF
+	for _, d := range snap.Devices {
+		if !d.IsVF() {
+			continue
+		}
+		var umad, uverbs string
+		for _, c := range d.CharDevices {
+			switch n := filepath.Base(c); {
+			case strings.HasPrefix(n, "umad"):
+				umad = n
+			case strings.HasPrefix(n, "uverbs"):
+				uverbs = n
+			}
+		}
+		require.True(b, d.Netdev != "" && d.RDMADevice != "" && umad != "" && uverbs != "", "VF %s is missing a piece", d.PCIAddress)
+		ops = append(ops, []op{
+			{bus, d.PCIAddress + "/uevent", true},
+			{bus, d.PCIAddress + "/physfn", false},
+			{bus, fmt.Sprintf("%s/virtfn%d", d.PFAddress, d.VFIndex), false},
+			{net, d.Netdev, false}, {ib, d.RDMADevice, false}, {verbs, uverbs, false}, {mad, umad, false},
+			{bus, d.PCIAddress + "/infiniband/" + d.RDMADevice + "/ports/1/link_layer", true},
+		})
+	}
+	require.Len(b, ops, vfs)
+	threads := runtime.GOMAXPROCS(0)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		var wg sync.WaitGroup
+		chunk := (len(ops) + threads - 1) / threads
+		for lo := 0; lo < len(ops); lo += chunk {
+			part := ops[lo:min(lo+chunk, len(ops))]
+			wg.Go(func() {
+				buf := make([]byte, 512)
+				for _, vf := range part {
+					for _, o := range vf {
+						if !o.read {
+							if _, err := unix.Readlinkat(o.dir, o.name, buf); err != nil {
+								b.Error(err)
+							}
+							continue
+						}
+						fd, err := unix.Openat(o.dir, o.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+						if err != nil {
+							b.Error(err)
+							continue
+						}
+						unix.Read(fd, buf)
+						unix.Close(fd)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(vfs), "ns/vf")
 }

@@ -69,9 +69,21 @@ func isMellanox(vendor string) bool { return vendor == pci.VendorMellanox }
 // devices of each function are read while its directory is open, in the
 // PCI scan's parallel workers.
 func (s *Scanner) Scan() (*Snapshot, error) {
+	// /dev/infiniband is listed while the class directories are read.
+	var nodes rdma.DevNodes
+	var nodesErr error
+	listed := make(chan struct{})
+	go func() {
+		defer close(listed)
+		nodes, nodesErr = s.rdma.DevNodes()
+	}()
 	idx, err := s.rdma.ScanIndex(2 * runtime.GOMAXPROCS(0))
+	<-listed
 	if err != nil {
 		return nil, err
+	}
+	if nodesErr != nil {
+		return nil, nodesErr
 	}
 	var mu sync.Mutex // guards rdmaOf
 	rdmaOf := map[string][]rdma.Device{}
@@ -88,10 +100,6 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		mu.Unlock()
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	nodes, err := s.rdma.DevNodes()
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +173,7 @@ func (s *Scanner) Device(addr string) (Device, error) {
 	return d, nil
 }
 
-func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes map[string]bool) (Device, []string) {
+func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes rdma.DevNodes) (Device, []string) {
 	d := Device{
 		PCIAddress: f.Address, Vendor: f.Vendor, DeviceID: f.Device, Class: f.Class,
 		Model: s.names.Model(f.Vendor, f.Device), Driver: f.Driver, NUMANode: f.NUMANode,
@@ -184,6 +192,9 @@ func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes map[stri
 		}
 	}
 	d.PFNetdev = d.Netdev
+	if f.IsVF() && f.VFIndex < 0 {
+		warn("its PF %s does not list it among its virtfnN links (VFs being changed?); no VF index", f.PhysFn)
+	}
 	if pf != nil {
 		d.PFNetdev = ""
 		if len(pf.Netdevs) > 0 {
@@ -224,7 +235,7 @@ func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes map[stri
 	d.LinkType = r.LinkLayer()
 	hasUverbs := false
 	for _, c := range r.CharDevices {
-		if !nodes[c.Path] {
+		if !nodes.Has(c.Path) {
 			warn("%s: %s is in sysfs but missing under %s", r.Name, c.Path, filepath.Join(s.root, rdma.DevDir))
 			continue
 		}
@@ -234,7 +245,7 @@ func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes map[stri
 	if !hasUverbs {
 		warn("%s: no uverbs char device (is ib_uverbs loaded?)", r.Name)
 	}
-	if nodes[rdma.RDMACMPath] {
+	if nodes.Has(rdma.RDMACMPath) {
 		d.CharDevices = append(d.CharDevices, rdma.RDMACMPath)
 	} else {
 		warn("%s missing (is rdma_ucm loaded?)", rdma.RDMACMPath)
