@@ -56,10 +56,16 @@ func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(nam
 		if sibling == nil {
 			continue
 		}
-		if sib := sibling(n); sib != "" && sib != n {
-			if j, ok := slices.BinarySearch(names, sib); ok && (sibling(sib) == "" || sibling(sib) == sib) {
-				shared[i] = j
-			}
+		sib := sibling(n)
+		if sib == "" || sib == n {
+			continue
+		}
+		// Only an entry that reads its own link can be shared: no chains.
+		if s2 := sibling(sib); s2 != "" && s2 != sib {
+			continue
+		}
+		if j, ok := slices.BinarySearch(names, sib); ok {
+			shared[i] = j
 		}
 	}
 	if workers < 1 {

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -151,11 +150,21 @@ func (r *Reader) ScanIndex(workers int) (*ScanIndex, error) {
 	return &idx, nil
 }
 
+// charKind returns the kind of a char device name ("uverbs14" is
+// KindUverbs); false for a name that is not a kind and a number.
+func charKind(name string) (string, bool) {
+	kind := strings.TrimRight(name, "0123456789")
+	if kind == name || kind != KindUverbs && kind != KindUmad && kind != KindIssm {
+		return "", false
+	}
+	return kind, true
+}
+
 // umadOfIssm names the umadN of an issmN: ib_umad registers both for one
 // port, with one device number and the same parent.
 func umadOfIssm(name string) string {
-	if n, ok := strings.CutPrefix(name, KindIssm); ok && n != "" && strings.Trim(n, "0123456789") == "" {
-		return KindUmad + n
+	if kind, ok := charKind(name); ok && kind == KindIssm {
+		return KindUmad + name[len(KindIssm):]
 	}
 	return ""
 }
@@ -197,7 +206,7 @@ func devicesFrom(dir sysfs.Dir, names, verbs, mad []string, withState bool) ([]D
 	nports := 0
 	if single {
 		for _, e := range mad {
-			if kind := strings.TrimRight(e, "0123456789"); kind == KindUmad && kind != e {
+			if kind, ok := charKind(e); ok && kind == KindUmad {
 				nports++
 			}
 		}
@@ -216,8 +225,8 @@ func devicesFrom(dir sysfs.Dir, names, verbs, mad []string, withState bool) ([]D
 	}{{"infiniband_verbs", verbs}, {"infiniband_mad", mad}}
 	for _, class := range classes {
 		for _, e := range class.entries {
-			kind := strings.TrimRight(e, "0123456789")
-			if kind != KindUverbs && kind != KindUmad && kind != KindIssm || kind == e {
+			kind, ok := charKind(e)
+			if !ok {
 				continue
 			}
 			d := &devs[0]
@@ -349,15 +358,7 @@ func (n DevNodes) Has(path string) bool {
 // DevNodes lists the char devices present in <root>/dev/infiniband. A
 // missing directory is an empty set: the RDMA modules are not loaded.
 func (r *Reader) DevNodes() (DevNodes, error) {
-	dir, err := sysfs.Open(filepath.Join(r.root, DevDir))
-	if errors.Is(err, fs.ErrNotExist) {
-		return DevNodes{}, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer dir.Close()
-	names, err := dir.List(".")
+	names, err := readDirNames(filepath.Join(r.root, DevDir))
 	if err != nil {
 		return nil, err
 	}
@@ -447,20 +448,15 @@ func checkName(dev string) error {
 
 // readDirNames lists a directory, sorted; a missing directory is empty.
 func readDirNames(dir string) ([]string, error) {
-	f, err := os.Open(dir)
+	d, err := sysfs.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
-		}
 		return nil, err
 	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", dir, err)
-	}
-	sort.Strings(names)
-	return names, nil
+	defer d.Close()
+	return d.List(".")
 }
 
 // ClassCharDevices maps ib device names to their char devices as listed in
@@ -476,8 +472,8 @@ func (r *Reader) ClassCharDevices() (map[string][]CharDevice, error) {
 			return nil, err
 		}
 		for _, e := range names {
-			kind := strings.TrimRight(e, "0123456789")
-			if kind != KindUverbs && kind != KindUmad && kind != KindIssm || kind == e {
+			kind, ok := charKind(e)
+			if !ok {
 				continue
 			}
 			ibdev, err := pci.ReadString(filepath.Join(dir, e, "ibdev"))
