@@ -95,8 +95,7 @@ func BenchmarkDaemonAllocate(b *testing.B) {
 		ids  []string
 	}{
 		{"vfs=1", []string{"0000:18:00.1"}},
-		{"vfs=8", []string{"0000:18:00.1", "0000:40:00.1", "0000:4f:00.1", "0000:5e:00.1",
-			"0000:9a:00.1", "0000:c0:00.1", "0000:ce:00.1", "0000:dc:00.1"}},
+		{"vfs=8", fx.DGXRailVFs(0)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			d := startDaemon(b, fixture("dgx-h100"), config("combined.json"))

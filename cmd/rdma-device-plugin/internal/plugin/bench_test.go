@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
 )
 
@@ -36,8 +37,7 @@ func BenchmarkAllocate(b *testing.B) {
 	}{
 		{"vfs=1", []string{"0000:18:00.1"}},
 		// A rail-optimised 8-GPU pod: one VF on each rail.
-		{"vfs=8", []string{"0000:18:00.1", "0000:40:00.1", "0000:4f:00.1", "0000:5e:00.1",
-			"0000:9a:00.1", "0000:c0:00.1", "0000:ce:00.1", "0000:dc:00.1"}},
+		{"vfs=8", fixture.DGXRailVFs(0)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			h := newHarness(b, nil, dgxPools(b)...)
