@@ -13,16 +13,16 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
 // discoverReport is what `discover -o json` prints.
 type discoverReport struct {
-	Devices  []sriov.Device `json:"devices"`
-	Pools    []poolReport   `json:"pools"`
-	Warnings []string       `json:"warnings"`
+	Devices  []nic.Device `json:"devices"`
+	Pools    []poolReport `json:"pools"`
+	Warnings []string     `json:"warnings"`
 }
 
 type poolReport struct {
@@ -84,7 +84,7 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 // discover scans the host and, with a config, builds its pools.
 func discover(hostRoot string, cfg *pool.Config) (*discoverReport, error) {
-	snap, err := sriov.NewScanner(hostRoot, sriov.WithNames(pci.LoadNames(hostRoot))).Scan()
+	snap, err := nic.NewScanner(hostRoot, nic.WithNames(pci.LoadNames(hostRoot))).Scan()
 	if err != nil {
 		return nil, fmt.Errorf("discover %s: %w", hostRoot, err)
 	}
@@ -126,8 +126,8 @@ func writeTable(w io.Writer, r *discoverReport) {
 			poolsOf[a] = append(poolsOf[a], p.Resource)
 		}
 	}
-	vfsOf := map[string][]sriov.Device{}
-	var pfs []sriov.Device
+	vfsOf := map[string][]nic.Device{}
+	var pfs []nic.Device
 	known := map[string]bool{}
 	for _, d := range r.Devices {
 		known[d.PCIAddress] = true
@@ -141,7 +141,7 @@ func writeTable(w io.Writer, r *discoverReport) {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PCI\tMODEL\tDRIVER\tNUMA\tNETDEV\tLINK\tRDMA\tCHAR DEVICES\tPOOL")
-	row := func(name string, d sriov.Device) {
+	row := func(name string, d nic.Device) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, d.Model, dash(d.Driver), numa(d.NUMANode),
 			dash(d.Netdev), dash(d.LinkType), dash(d.RDMADevice), charDevs(d), dash(strings.Join(poolsOf[d.PCIAddress], ",")))
 	}
@@ -187,7 +187,7 @@ func numa(n int) string {
 	return strconv.Itoa(n)
 }
 
-func charDevs(d sriov.Device) string {
+func charDevs(d nic.Device) string {
 	var names []string
 	for _, c := range d.CharDevices {
 		names = append(names, path.Base(c))

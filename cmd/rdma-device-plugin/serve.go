@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
 // Production defaults.
@@ -129,7 +129,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 // loaded: a broken edit of the ConfigMap must not take the pools away.
 type source struct {
 	path    string
-	scanner *sriov.Scanner
+	scanner *nic.Scanner
 	log     *slog.Logger
 
 	mu       sync.Mutex // guards the fields below
@@ -146,7 +146,7 @@ func newSource(path, hostRoot string, log *slog.Logger) (*source, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn("config", "warning", w)
 	}
-	return &source{path: path, scanner: sriov.NewScanner(hostRoot), log: log, cfg: cfg}, nil
+	return &source{path: path, scanner: nic.NewScanner(hostRoot), log: log, cfg: cfg}, nil
 }
 
 func (s *source) scan(reload bool) (plugin.Scan, error) {

@@ -5,14 +5,14 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // Pool is a resource and the functions that back it: VFs for an exclusive
 // pool, HCAs for a shared one.
 type Pool struct {
 	Resource
-	Devices []sriov.Device
+	Devices []nic.Device
 }
 
 // Capacity is how many devices the pool advertises to the kubelet: one per
@@ -33,13 +33,13 @@ func (p *Pool) Capacity() int {
 // exclusive pool that selects it. A shared pool takes functions with an
 // RDMA device that no exclusive pool holds: a pod that owns a VF must not
 // share its RDMA device. What was matched but left out is a warning.
-func Build(cfg *Config, devices []sriov.Device) ([]Pool, []string) {
+func Build(cfg *Config, devices []nic.Device) ([]Pool, []string) {
 	var warns []string
 	pools := make([]Pool, len(cfg.Resources))
 	owner := map[string]string{} // PCI address → exclusive resource
 	for i := range cfg.Resources {
 		r := &cfg.Resources[i]
-		pools[i] = Pool{Resource: *r, Devices: []sriov.Device{}}
+		pools[i] = Pool{Resource: *r, Devices: []nic.Device{}}
 		if r.Kind != Exclusive {
 			continue
 		}
@@ -100,7 +100,7 @@ func Build(cfg *Config, devices []sriov.Device) ([]Pool, []string) {
 }
 
 // matches reports whether any of r's selectors matches d.
-func (r *Resource) matches(d *sriov.Device) bool {
+func (r *Resource) matches(d *nic.Device) bool {
 	for i := range r.Selectors {
 		if r.Selectors[i].Matches(d) {
 			return true
@@ -110,7 +110,7 @@ func (r *Resource) matches(d *sriov.Device) bool {
 }
 
 // Matches reports whether every field of s that is set matches d.
-func (s *Selector) Matches(d *sriov.Device) bool {
+func (s *Selector) Matches(d *nic.Device) bool {
 	if len(s.Vendors) > 0 && !slices.Contains(s.Vendors, d.Vendor) {
 		return false
 	}
@@ -132,10 +132,10 @@ func (s *Selector) Matches(d *sriov.Device) bool {
 	if s.IsRdma && d.RDMADevice == "" {
 		return false
 	}
-	if len(s.PFNames) > 0 && !inSets(s.PFNames, d, func(d *sriov.Device) string { return d.PFNetdev }) {
+	if len(s.PFNames) > 0 && !inSets(s.PFNames, d, func(d *nic.Device) string { return d.PFNetdev }) {
 		return false
 	}
-	if len(s.RootDevices) > 0 && !inSets(s.RootDevices, d, func(d *sriov.Device) string {
+	if len(s.RootDevices) > 0 && !inSets(s.RootDevices, d, func(d *nic.Device) string {
 		if d.IsVF() {
 			return d.PFAddress
 		}
@@ -148,7 +148,7 @@ func (s *Selector) Matches(d *sriov.Device) bool {
 
 // inSets reports whether d is a VF in one of sets, or the PF itself of a
 // set without a VF range.
-func inSets(sets []VFSet, d *sriov.Device, pf func(*sriov.Device) string) bool {
+func inSets(sets []VFSet, d *nic.Device, pf func(*nic.Device) string) bool {
 	key := pf(d)
 	if key == "" {
 		return false

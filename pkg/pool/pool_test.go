@@ -9,15 +9,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
 func seed(name string) string { return filepath.Join("..", "..", "testdata", "config", name) }
 
-func scan(t *testing.T, host string) []sriov.Device {
+func scan(t *testing.T, host string) []nic.Device {
 	t.Helper()
-	snap, err := sriov.NewScanner(filepath.Join("..", "..", "testdata", "sysfs", host)).Scan()
+	snap, err := nic.NewScanner(filepath.Join("..", "..", "testdata", "sysfs", host)).Scan()
 	require.NoError(t, err)
 	return snap.Devices
 }

@@ -11,7 +11,7 @@ import (
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // cdiSpecVersion is the lowest CDI version with DeviceNode.HostPath (0.5.0),
@@ -54,7 +54,7 @@ func cdiSpec(p *Pool, root string) *cdispec.Spec {
 
 // devicePaths are the host device nodes of one function (host paths
 // without --host-root).
-func devicePaths(d *sriov.Device) []string {
+func devicePaths(d *nic.Device) []string {
 	if d.IsVFIO() {
 		return d.VFIODevices
 	}

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // slot is one device as the kubelet sees it: a VF of an exclusive pool, or
@@ -20,21 +20,21 @@ type slot struct {
 	PF string
 	// Functions are the PCI functions the slot hands out: the VF itself,
 	// or all of a shared pool's HCAs.
-	Functions []*sriov.Device
+	Functions []*nic.Device
 	Healthy   bool
 }
 
 // healthFunc reports whether a PCI function is usable now.
-type healthFunc func(d *sriov.Device) bool
+type healthFunc func(d *nic.Device) bool
 
 // buildSlots turns a pool into the kubelet's device list. The order is
 // stable: exclusive slots by PCI address, shared slots by index.
 func buildSlots(p *Pool, healthy healthFunc) []slot {
-	devs := make([]*sriov.Device, len(p.Devices))
+	devs := make([]*nic.Device, len(p.Devices))
 	for i := range p.Devices {
 		devs[i] = &p.Devices[i]
 	}
-	slices.SortFunc(devs, func(a, b *sriov.Device) int {
+	slices.SortFunc(devs, func(a, b *nic.Device) int {
 		switch {
 		case a.PCIAddress < b.PCIAddress:
 			return -1
@@ -48,7 +48,7 @@ func buildSlots(p *Pool, healthy healthFunc) []slot {
 	}
 	out := make([]slot, 0, len(devs))
 	for _, d := range devs {
-		s := slot{ID: d.PCIAddress, NUMA: d.NUMANode, PF: d.PFAddress, Functions: []*sriov.Device{d}, Healthy: healthy(d)}
+		s := slot{ID: d.PCIAddress, NUMA: d.NUMANode, PF: d.PFAddress, Functions: []*nic.Device{d}, Healthy: healthy(d)}
 		if s.PF == "" {
 			s.PF = d.PCIAddress
 		}
@@ -60,7 +60,7 @@ func buildSlots(p *Pool, healthy healthFunc) []slot {
 	return out
 }
 
-func sharedSlots(p *Pool, hcas []*sriov.Device, healthy healthFunc) []slot {
+func sharedSlots(p *Pool, hcas []*nic.Device, healthy healthFunc) []slot {
 	if len(hcas) == 0 {
 		return nil
 	}

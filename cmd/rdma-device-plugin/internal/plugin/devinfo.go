@@ -11,7 +11,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
 	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // devInfoStore writes device-info files for allocated devices, so that a
@@ -40,7 +40,7 @@ func DevInfoPath(dir, prefix, name, bdf string) string {
 }
 
 // write stores the file for d, mode 0444, atomically (temp file + rename).
-func (s *devInfoStore) write(prefix, name string, d *sriov.Device) error {
+func (s *devInfoStore) write(prefix, name string, d *nic.Device) error {
 	if s == nil || s.dir == "" {
 		return nil
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 func inode(t *testing.T, path string) uint64 {
@@ -23,7 +23,7 @@ func inode(t *testing.T, path string) uint64 {
 func TestDevInfoRewrite(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "devinfo")
 	s := newDevInfoStore(dir)
-	d := &sriov.Device{PCIAddress: "0000:18:00.1", RDMADevice: "mlx5_12", PFAddress: "0000:18:00.0"}
+	d := &nic.Device{PCIAddress: "0000:18:00.1", RDMADevice: "mlx5_12", PFAddress: "0000:18:00.0"}
 	path := DevInfoPath(dir, "mellanox.com", "rails", d.PCIAddress)
 	const want = `{"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:18:00.1","rdma-device":"mlx5_12","pf-pci-address":"0000:18:00.0"}}`
 	check := func(t *testing.T) {

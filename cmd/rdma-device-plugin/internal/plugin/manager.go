@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // KubeletSocket is the kubelet's registration socket in the device plugin
@@ -427,7 +427,7 @@ func (m *Manager) linkEvent(ev LinkEvent) {
 // left the host netns is unhealthy unless the kubelet allocated it (a CNI
 // moved the netdev into the pod) and its PCI function still exists.
 // Interfaces netlink never mentioned are taken as healthy.
-func (m *Manager) healthy(d *sriov.Device) bool {
+func (m *Manager) healthy(d *nic.Device) bool {
 	if d.PFNetdev != "" {
 		if st, ok := m.links[d.PFNetdev]; ok && (!st.up || st.deleted) {
 			return false

@@ -17,7 +17,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 func fixtureRoot(name string) string {
@@ -28,9 +28,9 @@ func fixtureRoot(name string) string {
 	return p
 }
 
-func scanFixture(t testing.TB, name string) []sriov.Device {
+func scanFixture(t testing.TB, name string) []nic.Device {
 	t.Helper()
-	snap, err := sriov.NewScanner(fixtureRoot(name)).Scan()
+	snap, err := nic.NewScanner(fixtureRoot(name)).Scan()
 	require.NoError(t, err)
 	return snap.Devices
 }

@@ -2,14 +2,14 @@
 // plugin API v1beta1: one gRPC server per pool, registration, ListAndWatch,
 // Allocate, GetPreferredAllocation, health from link events, periodic
 // rescans and kubelet restarts. It consumes plain values (Pool, a list of
-// sriov.Device) produced by discovery; it never scans sysfs itself.
+// nic.Device) produced by discovery; it never scans sysfs itself.
 package plugin
 
 import (
 	"fmt"
 	"strings"
 
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // Kind says how a pool's devices are handed out.
@@ -39,7 +39,7 @@ type Pool struct {
 	ExcludeTopology  bool // do not report NUMA TopologyInfo
 	AllocationPolicy string
 	// Devices are VFs for an exclusive pool, the HCAs (PFs) for a shared one.
-	Devices []sriov.Device
+	Devices []nic.Device
 }
 
 // ResourceName is the extended resource, "mellanox.com/mlnx_sriov_rdma".

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // rdmaPort is the RDMA port named in NCCL_IB_HCA / UCX_NET_DEVICES. Every
@@ -217,7 +217,7 @@ func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	p := s.pool
 	// Validate every container request before any side effect, so that
 	// nothing is half-allocated.
-	fns := make([][]*sriov.Device, len(req.ContainerRequests))
+	fns := make([][]*nic.Device, len(req.ContainerRequests))
 	for i, cr := range req.ContainerRequests {
 		if len(cr.DevicesIds) > len(s.slots) {
 			s.mu.Unlock()
@@ -242,7 +242,7 @@ func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 				}
 			}
 		}
-		slices.SortFunc(fns[i], func(a, b *sriov.Device) int { return strings.Compare(a.PCIAddress, b.PCIAddress) })
+		slices.SortFunc(fns[i], func(a, b *nic.Device) int { return strings.Compare(a.PCIAddress, b.PCIAddress) })
 	}
 	s.mu.Unlock()
 
@@ -285,7 +285,7 @@ func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 // to AF_INET6) — the index is not stable across hosts or address changes,
 // so hard-coding one would be wrong as soon as an address is added.
 // InfiniBand ports do not need a GID index.
-func (s *server) containerResponse(p *Pool, devs []*sriov.Device) *pluginapi.ContainerAllocateResponse {
+func (s *server) containerResponse(p *Pool, devs []*nic.Device) *pluginapi.ContainerAllocateResponse {
 	cr := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{}}
 	env := EnvName(p.Prefix, p.Name)
 	addrs := make([]string, 0, len(devs))

@@ -28,8 +28,8 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
 // HostRootEnv names the directory that stands for / when reading sysfs
@@ -256,7 +256,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 
 // add does the attachment with vf's lock held.
 func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, store *Store, vf string) (_ *current.Result, err error) {
-	dev, err := sriov.NewScanner(p.HostRoot).Device(vf)
+	dev, err := nic.NewScanner(p.HostRoot).Device(vf)
 	if err != nil {
 		if errors.Is(err, pci.ErrNotFound) {
 			return nil, fail(types.ErrInvalidNetworkConfig, vf, "read sysfs", fmt.Errorf("%w under %s", err, filepath.Join(p.HostRoot, "sys/bus/pci/devices")))
@@ -437,7 +437,7 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 }
 
 // checkDevice checks the conf against what the VF is.
-func checkDevice(c *NetConf, d *sriov.Device) error {
+func checkDevice(c *NetConf, d *nic.Device) error {
 	ib := d.LinkType == "InfiniBand"
 	switch {
 	case ib && c.vf.MAC != nil:
@@ -453,7 +453,7 @@ func checkDevice(c *NetConf, d *sriov.Device) error {
 }
 
 // rdmaPlan decides whether the VF's RDMA device moves with the netdev.
-func (p *Plugin) rdmaPlan(log *slog.Logger, c *NetConf, d *sriov.Device) (bool, error) {
+func (p *Plugin) rdmaPlan(log *slog.Logger, c *NetConf, d *nic.Device) (bool, error) {
 	if d.IsVFIO() {
 		return false, nil
 	}
@@ -480,7 +480,7 @@ func (p *Plugin) rdmaPlan(log *slog.Logger, c *NetConf, d *sriov.Device) (bool, 
 }
 
 // vfGUID reads the VF's current GUID from its RDMA device's node_guid.
-func (p *Plugin) vfGUID(d *sriov.Device) string {
+func (p *Plugin) vfGUID(d *nic.Device) string {
 	if d.RDMADevice == "" {
 		return ""
 	}

@@ -1,4 +1,4 @@
-package sriov
+package nic
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package sriov_test
+package nic_test
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // discoverHosts are the generated scale hosts: PFs x VFs per PF.
@@ -33,7 +33,7 @@ func BenchmarkDiscover(b *testing.B) {
 		b.Run(fmt.Sprintf("vfs=%d", h.pfs*h.vfs), func(b *testing.B) {
 			root := b.TempDir()
 			require.NoError(b, fixture.Generate(root, h.pfs, h.vfs))
-			sc := sriov.NewScanner(root)
+			sc := nic.NewScanner(root)
 			snap, err := sc.Scan()
 			require.NoError(b, err)
 			require.Len(b, snap.Devices, h.pfs*(h.vfs+1))
@@ -52,7 +52,7 @@ func BenchmarkDiscover(b *testing.B) {
 }
 
 // benchFloor makes the floor's system calls for every VF of snap.
-func benchFloor(b *testing.B, root string, snap *sriov.Snapshot, vfs int) {
+func benchFloor(b *testing.B, root string, snap *nic.Snapshot, vfs int) {
 	sys := filepath.Join(root, "sys")
 	open := func(p string) int {
 		fd, err := unix.Open(filepath.Join(sys, p), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

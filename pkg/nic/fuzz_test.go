@@ -1,4 +1,4 @@
-package sriov_test
+package nic_test
 
 import (
 	"io/fs"
@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 // FuzzScanCorruptedSysfs damages one entry of a small host — garbage
@@ -48,7 +48,7 @@ func FuzzScanCorruptedSysfs(f *testing.F) {
 			_ = os.RemoveAll(target)
 			_ = os.MkdirAll(filepath.Join(target, string(content)), 0o755)
 		}
-		sc := sriov.NewScanner(root)
+		sc := nic.NewScanner(root)
 		if snap, err := sc.Scan(); err == nil {
 			for _, d := range snap.Devices {
 				_, _ = sc.Device(d.PCIAddress)

@@ -1,7 +1,9 @@
-// Package sriov gives the PF/VF view of a node's Mellanox NIC functions that
-// the device plugin and the CNI share: for every function, its PF, VF index,
-// netdev, RDMA device and char devices, read from sysfs under an injected root.
-package sriov
+// Package nic is the joined host view of a node's Mellanox/NVIDIA NIC
+// functions that the device plugin and the CNI share: every PF and VF (with
+// or without SR-IOV, bound to mlx5_core, vfio-pci or nothing) with its PF,
+// VF index, netdev, RDMA device and char devices, joined from pkg/pci and
+// pkg/rdma under an injected root.
+package nic
 
 // Device is one Mellanox/NVIDIA NIC function (a PF or a VF) as discovery saw
 // it. Paths in CharDevices and VFIODevices are as seen on the host, without

@@ -1,4 +1,4 @@
-package sriov_test
+package nic_test
 
 import (
 	"path/filepath"
@@ -6,19 +6,19 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 func root(name string) string { return filepath.Join("..", "..", "testdata", "sysfs", name) }
 
-func scan(t *testing.T, name string) *sriov.Snapshot {
+func scan(t *testing.T, name string) *nic.Snapshot {
 	t.Helper()
-	snap, err := sriov.NewScanner(root(name)).Scan()
+	snap, err := nic.NewScanner(root(name)).Scan()
 	require.NoError(t, err)
 	return snap
 }
 
-func dev(t *testing.T, s *sriov.Snapshot, addr string) sriov.Device {
+func dev(t *testing.T, s *nic.Snapshot, addr string) nic.Device {
 	t.Helper()
 	d, ok := s.Device(addr)
 	require.True(t, ok, "no device %s", addr)
@@ -30,7 +30,7 @@ func TestScanDGX(t *testing.T) {
 	require.Len(t, s.Devices, 8+32+4)
 	require.Empty(t, s.Warnings)
 
-	require.Equal(t, sriov.Device{
+	require.Equal(t, nic.Device{
 		PCIAddress: "0000:18:00.1", Vendor: "15b3", DeviceID: "101e", Class: "0x020700", Model: "15b3:101e",
 		Driver: "mlx5_core", NUMANode: 0, PFAddress: "0000:18:00.0", VFIndex: 0,
 		Netdev: "ibp24s0v0", PFNetdev: "ibp24s0", LinkType: "InfiniBand", RDMADevice: "mlx5_12",
@@ -98,7 +98,7 @@ func TestScanEdge(t *testing.T) {
 }
 
 func TestDeviceOne(t *testing.T) {
-	sc := sriov.NewScanner(root("roce-cx6dx"))
+	sc := nic.NewScanner(root("roce-cx6dx"))
 	d, err := sc.Device("0000:3b:01.3")
 	require.NoError(t, err)
 	require.Equal(t, "0000:3b:00.1", d.PFAddress)
