@@ -7,13 +7,19 @@ BIN     := bin
 HOSTROOT ?= testdata/sysfs/dgx-h100
 CONFIG  ?= testdata/config/combined.json
 PKGS    := ./...
+# The build's identity, printed by --version, logged at startup and exported
+# as fastpath_build_info. The Dockerfile passes the same -X flags.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+VERSION_PKG := github.com/fastpath-k8s/fastpath/internal/version
+LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)
 
 .PHONY: all build test test-short lint fmt vet bench discover demo e2e fixtures clean
 
 all: lint build test
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 # The full suite, as CI runs it. Root-only tests (network namespaces, veth,
 # bind mounts over /sys) skip with a reason when not run as root.

@@ -39,6 +39,7 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.SetOutput(stderr)
 	hostRoot := fs.String("host-root", "/", "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev)")
 	configPath := fs.String("config", "", "pool config file (configList and/or resourceList JSON); empty shows devices only")
+	fs.StringVar(configPath, "config-file", "", "the same as --config")
 	output := fs.String("o", "table", "output format: table or json")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [-o table|json]\n\n"+

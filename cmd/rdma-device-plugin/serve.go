@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/internal/version"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
@@ -26,23 +27,47 @@ const (
 	defaultKubeletDir = "/var/lib/kubelet/device-plugins"
 	defaultDevInfoDir = "/var/run/k8s.cni.cncf.io/devinfo/dp"
 	defaultMetrics    = ":9108"
+	defaultCDIDir     = "/var/run/cdi"
 )
 
 type serveFlags struct {
 	config, hostRoot, kubeletDir, devInfoDir, cdiDir, metricsAddr, logLevel string
+	useCDI, version                                                         bool
 }
 
-func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f, err := parseServeFlags(args, stderr)
+	if err != nil || f == nil {
+		return err
+	}
+	if f.version {
+		_, err := fmt.Fprintf(stdout, "rdma-device-plugin %s\n", version.Get())
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	return serve(ctx, *f, log)
+}
+
+// parseServeFlags parses the serve flags; nil flags and no error mean
+// help was printed.
+func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	fs := flag.NewFlagSet("rdma-device-plugin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var f serveFlags
 	fs.StringVar(&f.config, "config", defaultConfig, "pool config file (configList and/or resourceList JSON)")
+	fs.StringVar(&f.config, "config-file", defaultConfig, "the same as --config (the name the peer plugins use)")
 	fs.StringVar(&f.hostRoot, "host-root", "/", "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev)")
 	fs.StringVar(&f.kubeletDir, "kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (holds kubelet.sock)")
 	fs.StringVar(&f.devInfoDir, "devinfo-dir", defaultDevInfoDir, "where device-info-spec files for the CNI go; empty disables them")
-	fs.StringVar(&f.cdiDir, "cdi-spec-dir", "", "write CDI specs here and return CDI device names from Allocate; empty disables CDI")
+	fs.BoolVar(&f.useCDI, "use-cdi", false, "write CDI specs (to --cdi-spec-dir) and return CDI device names from Allocate")
+	fs.StringVar(&f.cdiDir, "cdi-spec-dir", "", "directory for the CDI specs (default "+defaultCDIDir+" with --use-cdi); setting it turns CDI on")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", defaultMetrics, "address for /healthz and /metrics; empty disables them")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rdma-device-plugin [flags]            serve the pools to the kubelet\n"+
 			"       rdma-device-plugin discover [flags]   show what the node has (see discover -h)\n\n")
@@ -50,19 +75,17 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil
+			return nil, nil
 		}
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (subcommands: discover)", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q (subcommands: discover)", fs.Arg(0))
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+	if f.useCDI && f.cdiDir == "" {
+		f.cdiDir = defaultCDIDir
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	return serve(ctx, f, log)
+	return &f, nil
 }
 
 func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
@@ -78,7 +101,8 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		return err
 	}
 	counters := newCounterCollector(src, f.hostRoot == "/" || f.hostRoot == "", log)
-	metrics := plugin.NewMetrics(counters)
+	build := version.Get()
+	metrics := plugin.NewMetrics(build, counters)
 	// The manager's first scan is the one just made: a scan of a large
 	// host is the costliest thing the daemon does.
 	fresh := true
@@ -119,7 +143,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		defer hs.Close()
 		log.Info("serving /healthz and /metrics", "addr", l.Addr().String())
 	}
-	log.Info("starting", "config", f.config, "hostRoot", f.hostRoot, "kubeletDir", f.kubeletDir, "pools", len(first.Pools))
+	log.Info("starting", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion, "config", f.config, "hostRoot", f.hostRoot, "kubeletDir", f.kubeletDir, "pools", len(first.Pools))
 	err = m.Run(ctx)
 	log.Info("stopped")
 	return err

@@ -308,6 +308,8 @@ func TestServeFixtureHost(t *testing.T) {
 	m := get("/metrics")
 	require.Contains(t, m, `fastpath_device_plugin_devices{resource="mellanox.com/mlnx_sriov_rdma"} 32`)
 	require.Contains(t, m, `fastpath_device_plugin_allocated_devices_total{resource="mellanox.com/mlnx_sriov_rdma"} 1`)
+	require.Regexp(t, `fastpath_build_info\{goversion="go[0-9.]+",revision="[^"]+",version="[^"]+"\} 1`, m)
+	require.Contains(t, d.log.String(), `"msg":"starting","version":`)
 
 	d.stop()
 	left, err := filepath.Glob(filepath.Join(d.dir, "mellanox.com_*"))
@@ -400,4 +402,44 @@ func TestServeStartupErrors(t *testing.T) {
 	out, err := exec.Command(binary(t), "--config", "/nonexistent/config.json", "--metrics-addr", "").CombinedOutput()
 	require.Error(t, err)
 	require.True(t, strings.Contains(string(out), "pool config file does not exist"), string(out))
+}
+
+// The flags the peer plugins' manifests pass are accepted.
+func TestServeFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want serveFlags
+	}{
+		{"defaults", nil, serveFlags{config: defaultConfig, hostRoot: "/", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
+			metricsAddr: defaultMetrics, logLevel: "info"}},
+		{"config-file", []string{"--config-file=/etc/pcidp/config.json"}, serveFlags{config: "/etc/pcidp/config.json", hostRoot: "/",
+			kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir, metricsAddr: defaultMetrics, logLevel: "info"}},
+		{"use-cdi", []string{"--use-cdi"}, serveFlags{config: defaultConfig, hostRoot: "/", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
+			metricsAddr: defaultMetrics, logLevel: "info", useCDI: true, cdiDir: "/var/run/cdi"}},
+		{"cdi dir", []string{"-use-cdi", "-cdi-spec-dir", "/etc/cdi"}, serveFlags{config: defaultConfig, hostRoot: "/", kubeletDir: defaultKubeletDir,
+			devInfoDir: defaultDevInfoDir, metricsAddr: defaultMetrics, logLevel: "info", useCDI: true, cdiDir: "/etc/cdi"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := parseServeFlags(tc.args, io.Discard)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, *f)
+		})
+	}
+}
+
+func TestVersionFlag(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"--version"}, &out, io.Discard))
+	require.Regexp(t, `^rdma-device-plugin \S+ \(revision \S+, go[0-9.]+\)\n$`, out.String())
+	// The binary reports what the build stamped.
+	bin := filepath.Join(t.TempDir(), "rdma-device-plugin")
+	pkg := "github.com/fastpath-k8s/fastpath/internal/version"
+	build := exec.Command("go", "build", "-buildvcs=false", "-o", bin,
+		"-ldflags", "-X "+pkg+".Version=v9.9.9-test -X "+pkg+".Revision=0123abc", ".")
+	b, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	got, err := exec.Command(bin, "--version").Output()
+	require.NoError(t, err)
+	require.Regexp(t, `^rdma-device-plugin v9\.9\.9-test \(revision 0123abc, go[0-9.]+\)\n$`, string(got))
 }

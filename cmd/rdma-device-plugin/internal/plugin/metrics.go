@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fastpath-k8s/fastpath/internal/version"
 )
 
 // Metrics are the plugin's Prometheus metrics, on their own registry. A nil
@@ -19,9 +21,9 @@ type Metrics struct {
 	rescan        prometheus.Histogram
 }
 
-// NewMetrics creates the metrics; extra collectors (RDMA port counters)
-// are registered alongside.
-func NewMetrics(extra ...prometheus.Collector) *Metrics {
+// NewMetrics creates the metrics, fastpath_build_info for build, and
+// registers extra collectors (RDMA port counters) alongside.
+func NewMetrics(build version.Info, extra ...prometheus.Collector) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -46,7 +48,13 @@ func NewMetrics(extra ...prometheus.Collector) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 	}
-	m.Registry.MustRegister(m.devices, m.healthy, m.allocations, m.registrations, m.rescan)
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "fastpath", Name: "build_info",
+		Help:        "Always 1; the labels say which build of fastpath runs.",
+		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
+	})
+	info.Set(1)
+	m.Registry.MustRegister(info, m.devices, m.healthy, m.allocations, m.registrations, m.rescan)
 	for _, c := range extra {
 		m.Registry.MustRegister(c)
 	}
