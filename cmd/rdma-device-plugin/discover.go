@@ -20,9 +20,16 @@ import (
 
 // discoverReport is what `discover -o json` prints.
 type discoverReport struct {
-	Devices  []nic.Device `json:"devices"`
-	Pools    []poolReport `json:"pools"`
-	Warnings []string     `json:"warnings"`
+	Devices  []deviceReport `json:"devices"`
+	Pools    []poolReport   `json:"pools"`
+	Warnings []string       `json:"warnings"`
+}
+
+// deviceReport is one device as discover prints it: charDevices are the
+// host paths a container given the device gets, the node's rdma_cm last.
+type deviceReport struct {
+	nic.Device
+	CharDevices []string `json:"charDevices"`
 }
 
 type poolReport struct {
@@ -89,7 +96,13 @@ func discover(hostRoot string, cfg *pool.Config) (*discoverReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("discover %s: %w", hostRoot, err)
 	}
-	r := &discoverReport{Devices: snap.Devices, Pools: []poolReport{}, Warnings: snap.Warnings}
+	r := &discoverReport{Devices: make([]deviceReport, len(snap.Devices)), Pools: []poolReport{}, Warnings: snap.Warnings}
+	for i, d := range snap.Devices {
+		r.Devices[i] = deviceReport{Device: d, CharDevices: d.CharDevicePaths()}
+		if d.RDMADevice != "" && snap.RDMACM != "" {
+			r.Devices[i].CharDevices = append(r.Devices[i].CharDevices, snap.RDMACM)
+		}
+	}
 	if r.Warnings == nil {
 		r.Warnings = []string{}
 	}
@@ -127,8 +140,8 @@ func writeTable(w io.Writer, r *discoverReport) {
 			poolsOf[a] = append(poolsOf[a], p.Resource)
 		}
 	}
-	vfsOf := map[string][]nic.Device{}
-	var pfs []nic.Device
+	vfsOf := map[string][]deviceReport{}
+	var pfs []deviceReport
 	known := map[string]bool{}
 	for _, d := range r.Devices {
 		known[d.PCIAddress] = true
@@ -142,7 +155,7 @@ func writeTable(w io.Writer, r *discoverReport) {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PCI\tMODEL\tDRIVER\tNUMA\tNETDEV\tLINK\tRDMA\tCHAR DEVICES\tPOOL")
-	row := func(name string, d nic.Device) {
+	row := func(name string, d deviceReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, d.Model, dash(d.Driver), numa(d.NUMANode),
 			dash(d.Netdev), dash(d.LinkType), dash(d.RDMADevice), charDevs(d), dash(strings.Join(poolsOf[d.PCIAddress], ",")))
 	}
@@ -188,7 +201,7 @@ func numa(n int) string {
 	return strconv.Itoa(n)
 }
 
-func charDevs(d nic.Device) string {
+func charDevs(d deviceReport) string {
 	var names []string
 	for _, c := range d.CharDevices {
 		names = append(names, path.Base(c))

@@ -203,6 +203,7 @@ func (s *source) scan(reload bool) (plugin.Scan, error) {
 		pools = append(pools, plugin.Pool{
 			Prefix: p.Prefix, Name: p.Name, Kind: plugin.Kind(p.Kind), RdmaHcaMax: p.RdmaHcaMax,
 			ExcludeTopology: p.ExcludeTopology, AllocationPolicy: p.AllocationPolicy, Devices: p.Devices,
+			RDMACM: snap.RDMACM,
 		})
 	}
 	s.pools = pools
@@ -237,7 +238,7 @@ func checkCharDevices(hostRoot string, pools []plugin.Pool) error {
 			}
 			want++
 			for _, c := range d.CharDevices {
-				if strings.HasPrefix(c, rdma.DevDir+"/uverbs") {
+				if c.Kind == rdma.KindUverbs {
 					return nil
 				}
 			}

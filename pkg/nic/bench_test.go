@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 // discoverHosts are the generated scale hosts: PFs x VFs per PF.
@@ -74,11 +74,11 @@ func benchFloor(b *testing.B, root string, snap *nic.Snapshot, vfs int) {
 		}
 		var umad, uverbs string
 		for _, c := range d.CharDevices {
-			switch n := filepath.Base(c); {
-			case strings.HasPrefix(n, "umad"):
-				umad = n
-			case strings.HasPrefix(n, "uverbs"):
-				uverbs = n
+			switch c.Kind {
+			case rdma.KindUmad:
+				umad = c.Name
+			case rdma.KindUverbs:
+				uverbs = c.Name
 			}
 		}
 		require.True(b, d.Netdev != "" && d.RDMADevice != "" && umad != "" && uverbs != "", "VF %s is missing a piece", d.PCIAddress)

@@ -5,6 +5,11 @@
 // pkg/rdma under an injected root.
 package nic
 
+import (
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
+)
+
 // Device is one Mellanox/NVIDIA NIC function (a PF or a VF) as discovery saw
 // it. Paths in CharDevices and VFIODevices are as seen on the host, without
 // any --host-root prefix.
@@ -26,13 +31,14 @@ type Device struct {
 	Netdev string `json:"netdev"`
 	// PFNetdev is the netdev of the PF (for a PF, its own).
 	PFNetdev string `json:"pfNetdev,omitempty"`
-	// LinkType is the RDMA port link layer ("InfiniBand" or "Ethernet"), or
-	// "" when the function has no RDMA device.
+	// LinkType is the RDMA port link layer (rdma.LinkLayerInfiniBand or
+	// rdma.LinkLayerEthernet), or "" when the function has no RDMA device.
 	LinkType   string `json:"linkType"`
 	RDMADevice string `json:"rdmaDevice"`
 	// CharDevices are the RDMA char devices that belong to RDMADevice
-	// (uverbsN, umadN, issmN) plus the node's rdma_cm, host paths.
-	CharDevices []string `json:"charDevices"`
+	// (uverbsN, umadN, issmN) and are present under /dev/infiniband. The
+	// node-wide rdma_cm is not one of them: see Snapshot.RDMACM.
+	CharDevices []rdma.CharDevice `json:"charDevices"`
 	// IOMMUGroup and VFIODevices (/dev/vfio/vfio and /dev/vfio/<group>)
 	// are set for functions bound to vfio-pci.
 	IOMMUGroup  string   `json:"iommuGroup,omitempty"`
@@ -47,4 +53,13 @@ type Device struct {
 func (d *Device) IsVF() bool { return d.PFAddress != "" }
 
 // IsVFIO reports whether d is bound to vfio-pci.
-func (d *Device) IsVFIO() bool { return d.Driver == "vfio-pci" }
+func (d *Device) IsVFIO() bool { return d.Driver == pci.DriverVFIO }
+
+// CharDevicePaths are the host paths of d's CharDevices.
+func (d *Device) CharDevicePaths() []string {
+	out := make([]string, len(d.CharDevices))
+	for i, c := range d.CharDevices {
+		out[i] = c.Path
+	}
+	return out
+}

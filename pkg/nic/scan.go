@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
@@ -15,7 +14,11 @@ import (
 // Snapshot is one scan of a node: every Mellanox NIC function, sorted by
 // PCI address, and what discovery found missing.
 type Snapshot struct {
-	Devices  []Device
+	Devices []Device
+	// RDMACM is the node-wide RDMA connection manager device
+	// (rdma.RDMACMPath, a host path) when <root>/dev/infiniband has it, ""
+	// when not. A container given an RDMA device needs it too.
+	RDMACM   string
 	Warnings []string
 }
 
@@ -87,8 +90,8 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	}
 	var mu sync.Mutex // guards rdmaOf
 	rdmaOf := map[string][]rdma.Device{}
-	fns, err := s.pci.ScanEach(isMellanox, func(f *pci.Function, dir sysfs.Dir) error {
-		if !f.IsNIC() || f.Driver == "" || f.Driver == "vfio-pci" {
+	fns, err := s.pci.ScanEach(isMellanox, func(f *pci.Function, dir pci.Dir) error {
+		if !f.IsNIC() || f.Driver == "" || f.Driver == pci.DriverVFIO {
 			return nil
 		}
 		devs, err := s.rdma.DevicesForScan(dir, f.Address, idx)
@@ -108,7 +111,11 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	for i := range fns {
 		byAddr[fns[i].Address] = &fns[i]
 	}
+	if nodes.Has(rdma.RDMACMPath) {
+		snap.RDMACM = rdma.RDMACMPath
+	}
 	var class map[string][]rdma.CharDevice
+	hasRDMA := false
 	for i := range fns {
 		f := &fns[i]
 		if !f.IsNIC() {
@@ -130,6 +137,10 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		d, warns := s.device(f, pf, devs, nodes)
 		snap.Devices = append(snap.Devices, d)
 		snap.Warnings = append(snap.Warnings, warns...)
+		hasRDMA = hasRDMA || d.RDMADevice != ""
+	}
+	if hasRDMA && snap.RDMACM == "" {
+		snap.Warnings = append(snap.Warnings, fmt.Sprintf("%s missing (is rdma_ucm loaded?)", rdma.RDMACMPath))
 	}
 	return snap, nil
 }
@@ -153,7 +164,7 @@ func (s *Scanner) Device(addr string) (Device, error) {
 		pf = &p
 	}
 	var devs []rdma.Device
-	if f.Driver != "" && f.Driver != "vfio-pci" {
+	if f.Driver != "" && f.Driver != pci.DriverVFIO {
 		if devs, err = s.rdma.DevicesAt(f.SysfsPath); err != nil {
 			return Device{}, fmt.Errorf("pci %s: %w", addr, err)
 		}
@@ -179,7 +190,7 @@ func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes rdma.Dev
 		Model: s.names.Model(f.Vendor, f.Device), Driver: f.Driver, NUMANode: f.NUMANode,
 		PFAddress: f.PhysFn, VFIndex: f.VFIndex, TotalVFs: f.TotalVFs, NumVFs: f.NumVFs,
 		UpstreamBridges: f.Bridges, RootComplex: f.RootComplex,
-		CharDevices: []string{},
+		CharDevices: []rdma.CharDevice{},
 	}
 	var warns []string
 	warn := func(format string, args ...any) {
@@ -202,10 +213,10 @@ func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes rdma.Dev
 		}
 	}
 	switch {
-	case f.Driver == "vfio-pci":
+	case f.Driver == pci.DriverVFIO:
 		d.IOMMUGroup = f.IOMMUGroup
 		if f.IOMMUGroup == "" {
-			warn("bound to vfio-pci but has no iommu_group")
+			warn("bound to %s but has no iommu_group", pci.DriverVFIO)
 			break
 		}
 		for _, p := range []string{"/dev/vfio/vfio", "/dev/vfio/" + f.IOMMUGroup} {
@@ -240,15 +251,10 @@ func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes rdma.Dev
 			continue
 		}
 		hasUverbs = hasUverbs || c.Kind == rdma.KindUverbs
-		d.CharDevices = append(d.CharDevices, c.Path)
+		d.CharDevices = append(d.CharDevices, c)
 	}
 	if !hasUverbs {
 		warn("%s: no uverbs char device (is ib_uverbs loaded?)", r.Name)
-	}
-	if nodes.Has(rdma.RDMACMPath) {
-		d.CharDevices = append(d.CharDevices, rdma.RDMACMPath)
-	} else {
-		warn("%s missing (is rdma_ucm loaded?)", rdma.RDMACMPath)
 	}
 	return d, warns
 }

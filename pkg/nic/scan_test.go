@@ -1,12 +1,16 @@
 package nic_test
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 func root(name string) string { return filepath.Join("..", "..", "testdata", "sysfs", name) }
@@ -25,16 +29,26 @@ func dev(t *testing.T, s *nic.Snapshot, addr string) nic.Device {
 	return *d
 }
 
+// chars are the char devices of one RDMA device with one port.
+func chars(uverbs, umad int) []rdma.CharDevice {
+	return []rdma.CharDevice{
+		{Kind: "uverbs", Name: fmt.Sprintf("uverbs%d", uverbs), Path: fmt.Sprintf("/dev/infiniband/uverbs%d", uverbs)},
+		{Kind: "umad", Name: fmt.Sprintf("umad%d", umad), Path: fmt.Sprintf("/dev/infiniband/umad%d", umad), Port: 1},
+		{Kind: "issm", Name: fmt.Sprintf("issm%d", umad), Path: fmt.Sprintf("/dev/infiniband/issm%d", umad), Port: 1},
+	}
+}
+
 func TestScanDGX(t *testing.T) {
 	s := scan(t, "dgx-h100")
 	require.Len(t, s.Devices, 8+32+4)
 	require.Empty(t, s.Warnings)
+	require.Equal(t, "/dev/infiniband/rdma_cm", s.RDMACM)
 
 	require.Equal(t, nic.Device{
 		PCIAddress: "0000:18:00.1", Vendor: "15b3", DeviceID: "101e", Class: "0x020700", Model: "15b3:101e",
 		Driver: "mlx5_core", NUMANode: 0, PFAddress: "0000:18:00.0", VFIndex: 0,
 		Netdev: "ibp24s0v0", PFNetdev: "ibp24s0", LinkType: "InfiniBand", RDMADevice: "mlx5_12",
-		CharDevices:     []string{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"},
+		CharDevices:     chars(14, 12),
 		UpstreamBridges: []string{"0000:17:00.0", "0000:16:00.0", "0000:15:01.0"}, RootComplex: "pci0000:15",
 	}, dev(t, s, "0000:18:00.1"))
 
@@ -44,12 +58,13 @@ func TestScanDGX(t *testing.T) {
 	require.Equal(t, "mlx5_7", pf.RDMADevice)
 	require.Equal(t, "ibp220s0", pf.Netdev)
 	require.Equal(t, 1, pf.NUMANode)
-	require.Equal(t, []string{"/dev/infiniband/uverbs9", "/dev/infiniband/umad7", "/dev/infiniband/issm7", "/dev/infiniband/rdma_cm"}, pf.CharDevices)
+	require.Equal(t, chars(9, 7), pf.CharDevices)
+	require.Equal(t, []string{"/dev/infiniband/uverbs9", "/dev/infiniband/umad7", "/dev/infiniband/issm7"}, pf.CharDevicePaths())
 
 	last := dev(t, s, "0000:dc:00.4")
 	require.Equal(t, "mlx5_43", last.RDMADevice)
 	require.Equal(t, 3, last.VFIndex)
-	require.Equal(t, "/dev/infiniband/uverbs45", last.CharDevices[0])
+	require.Equal(t, "/dev/infiniband/uverbs45", last.CharDevices[0].Path)
 
 	storage := dev(t, s, "0000:aa:00.1")
 	require.Equal(t, "Ethernet", storage.LinkType)
@@ -112,4 +127,28 @@ func TestDeviceOne(t *testing.T) {
 	require.ErrorContains(t, err, "not a Mellanox NIC function")
 	_, err = sc.Device("0000:3b:00.1/../..")
 	require.ErrorContains(t, err, "not a PCI address")
+}
+
+// rdma_cm is the node's, on the snapshot, not in any device's list; a node
+// without it says so once.
+func TestRDMACMOnSnapshot(t *testing.T) {
+	r := t.TempDir()
+	require.NoError(t, fixture.Generate(r, 1, 2))
+	s, err := nic.NewScanner(r).Scan()
+	require.NoError(t, err)
+	require.Equal(t, rdma.RDMACMPath, s.RDMACM)
+	for _, d := range s.Devices {
+		require.NotEmpty(t, d.CharDevices, d.PCIAddress)
+		for _, c := range d.CharDevices {
+			require.NotEqual(t, "rdma_cm", c.Name, d.PCIAddress)
+		}
+	}
+	require.Empty(t, s.Warnings)
+
+	require.NoError(t, os.Remove(filepath.Join(r, "dev", "infiniband", "rdma_cm")))
+	s, err = nic.NewScanner(r).Scan()
+	require.NoError(t, err)
+	require.Empty(t, s.RDMACM)
+	require.Equal(t, []string{"/dev/infiniband/rdma_cm missing (is rdma_ucm loaded?)"}, s.Warnings)
+	require.Len(t, s.Devices[0].CharDevices, 3, "the devices' own char devices are still there")
 }

@@ -20,6 +20,10 @@ import (
 // VendorMellanox is the PCI vendor ID of Mellanox/NVIDIA networking.
 const VendorMellanox = "15b3"
 
+// DriverVFIO is the driver of a function handed to user space whole (DPDK,
+// VMs): it has no netdev and no RDMA device, only an IOMMU group.
+const DriverVFIO = "vfio-pci"
+
 // Function is one PCI function as sysfs shows it.
 type Function struct {
 	Address string // "0000:18:00.1"
@@ -132,10 +136,24 @@ func (s *Scanner) Scan(keep func(vendor string) bool) ([]Function, error) {
 	return s.ScanEach(keep, nil)
 }
 
+// Dir reads below one function's sysfs directory while a scan has it
+// open, by relative name ("infiniband/mlx5_0/ports/1/link_layer").
+// Attributes come back trimmed; a missing one is an error that
+// errors.Is(err, fs.ErrNotExist); List of a missing directory is empty.
+type Dir interface {
+	Read(name string) ([]byte, error)
+	// ReadTo reads into buf, which a caller keeps on its stack.
+	ReadTo(name string, buf []byte) ([]byte, error)
+	Readlink(name string) (string, error)
+	List(name string) ([]string, error)
+}
+
+var _ Dir = sysfs.Dir{}
+
 // Visitor is called for each kept function while its sysfs directory is
 // open, from parallel workers: it may read more below dir but must not
 // keep it.
-type Visitor func(f *Function, dir sysfs.Dir) error
+type Visitor func(f *Function, dir Dir) error
 
 // ScanEach is Scan calling visit (when not nil) for each kept function.
 //
@@ -284,7 +302,7 @@ func (s *Scanner) scanOne(bus sysfs.Dir, parents parentDirs, addr string, keep f
 		at = dir
 		f.readSRIOV(dir)
 	}
-	if f.Driver == "vfio-pci" {
+	if f.Driver == DriverVFIO {
 		if g, err := at.Readlink("iommu_group"); err == nil {
 			f.IOMMUGroup = filepath.Base(g)
 		}

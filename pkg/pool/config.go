@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 // Kind says how a pool's devices are handed out.
@@ -96,7 +97,7 @@ type Selector struct {
 	PFNames      []VFSet // VFs of the PF with this netdev
 	RootDevices  []VFSet // VFs of the PF at this PCI address
 	IfNames      []string
-	LinkTypes    []string // "InfiniBand" or "Ethernet"
+	LinkTypes    []string // rdma.LinkLayerInfiniBand or rdma.LinkLayerEthernet
 	IsRdma       bool     // only functions with an RDMA device
 }
 
@@ -515,9 +516,9 @@ func selector(f map[string]*value, cfg *Config) (Selector, error) {
 		for i, l := range list {
 			switch strings.ToLower(l) {
 			case "ether", "ethernet", "eth", "roce":
-				s.LinkTypes = append(s.LinkTypes, "Ethernet")
+				s.LinkTypes = append(s.LinkTypes, rdma.LinkLayerEthernet)
 			case "infiniband", "ib":
-				s.LinkTypes = append(s.LinkTypes, "InfiniBand")
+				s.LinkTypes = append(s.LinkTypes, rdma.LinkLayerInfiniBand)
 			default:
 				return s, fmt.Errorf("%s[%d]: %q: want ether or infiniband", v.path, i, l)
 			}

@@ -42,10 +42,10 @@ const (
 
 // CharDevice is one char device of an RDMA device.
 type CharDevice struct {
-	Kind string // KindUverbs, KindUmad or KindIssm
-	Name string // "uverbs14"
-	Path string // "/dev/infiniband/uverbs14", as on the host
-	Port int    // the port of a umad/issm device; 0 for uverbs
+	Kind string `json:"kind"`           // KindUverbs, KindUmad or KindIssm
+	Name string `json:"name"`           // "uverbs14"
+	Path string `json:"path"`           // "/dev/infiniband/uverbs14", as on the host
+	Port int    `json:"port,omitempty"` // the port of a umad/issm device; 0 for uverbs
 }
 
 // Port is one port of an RDMA device.
@@ -96,7 +96,13 @@ func (r *Reader) Devices(addr string) ([]Device, error) {
 }
 
 // DevicesAt returns the RDMA devices of the PCI function whose sysfs
-// directory is dir. See DevicesIn.
+// directory is dir: <dir>/infiniband/*, with the uverbs devices of
+// <dir>/infiniband_verbs/* and the umad/issm devices of <dir>/infiniband_mad/*
+// (the kernel parents them on the PCI function too) matched to them by
+// their ibdev attribute — the N of uverbsN is not the N of mlx5_N. Where
+// the function has a single device with a single port, membership alone
+// decides and the ibdev/port files are not read. A function without RDMA
+// has none.
 func (r *Reader) DevicesAt(dir string) ([]Device, error) {
 	d, err := sysfs.Open(dir)
 	if err != nil {
@@ -106,19 +112,17 @@ func (r *Reader) DevicesAt(dir string) ([]Device, error) {
 		return nil, err
 	}
 	defer d.Close()
-	return r.DevicesIn(d)
+	return devicesIn(d, true)
 }
 
-// DevicesIn returns the RDMA devices of the PCI function whose sysfs
-// directory is open as dir: <dir>/infiniband/*, with the uverbs devices of
-// <dir>/infiniband_verbs/* and the umad/issm devices of <dir>/infiniband_mad/*
-// (the kernel parents them on the PCI function too) matched to them by
-// their ibdev attribute — the N of uverbsN is not the N of mlx5_N. Where
-// the function has a single device with a single port, membership alone
-// decides and the ibdev/port files are not read. A function without RDMA
-// has none.
-func (r *Reader) DevicesIn(dir sysfs.Dir) ([]Device, error) {
-	return devicesIn(dir, true)
+// Attrs reads sysfs attributes below a PCI function's directory, by
+// relative name ("infiniband/mlx5_0/ports/1/link_layer"), trimmed: the
+// reads a node scan makes while the function's directory is open.
+// pci.Dir is one.
+type Attrs interface {
+	Read(name string) ([]byte, error)
+	// ReadTo reads into buf, which a caller keeps on its stack.
+	ReadTo(name string, buf []byte) ([]byte, error)
 }
 
 // ScanIndex is which RDMA devices and char devices the class directories
@@ -169,11 +173,11 @@ func umadOfIssm(name string) string {
 	return ""
 }
 
-// DevicesForScan is DevicesIn for the function at addr, open as dir, with
-// the device and char device names taken from idx, and without the ports'
-// state, which a node scan does not need (health follows netlink,
+// DevicesForScan is DevicesAt for the function at addr, read through dir,
+// with the device and char device names taken from idx, and without the
+// ports' state, which a node scan does not need (health follows netlink,
 // PortState reads it on demand).
-func (r *Reader) DevicesForScan(dir sysfs.Dir, addr string, idx *ScanIndex) ([]Device, error) {
+func (r *Reader) DevicesForScan(dir Attrs, addr string, idx *ScanIndex) ([]Device, error) {
 	return devicesFrom(dir, idx.devices[addr], idx.verbs[addr], idx.mad[addr], false)
 }
 
@@ -195,7 +199,7 @@ func devicesIn(dir sysfs.Dir, withState bool) ([]Device, error) {
 
 // devicesFrom builds the devices named names below dir, with the char
 // devices of verbs (infiniband_verbs entries) and mad (infiniband_mad).
-func devicesFrom(dir sysfs.Dir, names, verbs, mad []string, withState bool) ([]Device, error) {
+func devicesFrom(dir Attrs, names, verbs, mad []string, withState bool) ([]Device, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
@@ -286,7 +290,7 @@ func sortCharDevices(c []CharDevice) {
 // listing the directory; known > 0 is the number of ports when the caller
 // knows it, and saves the probe past the last. withState also reads each
 // port's state.
-func readPorts(dir sysfs.Dir, dev string, withState bool, known int) ([]Port, error) {
+func readPorts(dir Attrs, dev string, withState bool, known int) ([]Port, error) {
 	var ports []Port
 	for n := 1; known <= 0 || n <= known; n++ {
 		p := dev + "/ports/" + strconv.Itoa(n)

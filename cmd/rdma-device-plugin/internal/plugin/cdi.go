@@ -38,7 +38,7 @@ func cdiSpec(p *Pool, root string) *cdispec.Spec {
 	for i := range p.Devices {
 		d := &p.Devices[i]
 		var nodes []*cdispec.DeviceNode
-		for _, path := range devicePaths(d) {
+		for _, path := range devicePaths(p, d) {
 			nodes = append(nodes, &cdispec.DeviceNode{Path: path, HostPath: hostPath(root, path), Permissions: "rw"})
 		}
 		if len(nodes) == 0 {
@@ -52,13 +52,23 @@ func cdiSpec(p *Pool, root string) *cdispec.Spec {
 	return spec
 }
 
-// devicePaths are the host device nodes of one function (host paths
+// devicePaths are the host device nodes of one function of p (host paths
 // without --host-root).
-func devicePaths(d *nic.Device) []string {
+func devicePaths(p *Pool, d *nic.Device) []string {
 	if d.IsVFIO() {
 		return d.VFIODevices
 	}
-	return d.CharDevices
+	return charDevicePaths(p, d)
+}
+
+// charDevicePaths are the RDMA char devices of one function of p and,
+// when it has an RDMA device, the node's rdma_cm, last.
+func charDevicePaths(p *Pool, d *nic.Device) []string {
+	paths := d.CharDevicePaths()
+	if d.RDMADevice != "" && p.RDMACM != "" {
+		paths = append(paths, p.RDMACM)
+	}
+	return paths
 }
 
 func hostPath(root, path string) string {

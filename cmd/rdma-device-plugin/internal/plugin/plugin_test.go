@@ -28,20 +28,20 @@ func fixtureRoot(name string) string {
 	return p
 }
 
-func scanFixture(t testing.TB, name string) []nic.Device {
+func scanFixture(t testing.TB, name string) *nic.Snapshot {
 	t.Helper()
 	snap, err := nic.NewScanner(fixtureRoot(name)).Scan()
 	require.NoError(t, err)
-	return snap.Devices
+	return snap
 }
 
 // dgxPools: the 32 compute VFs (exclusive, spread) and the two NUMA-0
 // storage ports (shared, 4 containers).
 func dgxPools(t testing.TB) []Pool {
-	devs := scanFixture(t, "dgx-h100")
-	rails := Pool{Prefix: "mellanox.com", Name: "rails", Kind: Exclusive, AllocationPolicy: PolicySpread}
-	storage := Pool{Prefix: "mellanox.com", Name: "storage", Kind: Shared, RdmaHcaMax: 4}
-	for _, d := range devs {
+	snap := scanFixture(t, "dgx-h100")
+	rails := Pool{Prefix: "mellanox.com", Name: "rails", Kind: Exclusive, AllocationPolicy: PolicySpread, RDMACM: snap.RDMACM}
+	storage := Pool{Prefix: "mellanox.com", Name: "storage", Kind: Shared, RdmaHcaMax: 4, RDMACM: snap.RDMACM}
+	for _, d := range snap.Devices {
 		switch {
 		case d.IsVF() && d.DeviceID == "101e":
 			rails.Devices = append(rails.Devices, d)

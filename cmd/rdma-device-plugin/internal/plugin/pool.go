@@ -40,6 +40,10 @@ type Pool struct {
 	AllocationPolicy string
 	// Devices are VFs for an exclusive pool, the HCAs (PFs) for a shared one.
 	Devices []nic.Device
+	// RDMACM is the node's rdma_cm (nic.Snapshot.RDMACM, a host path, ""
+	// when the node has none): a container given one of the pool's RDMA
+	// devices gets it too.
+	RDMACM string
 }
 
 // ResourceName is the extended resource, "mellanox.com/mlnx_sriov_rdma".

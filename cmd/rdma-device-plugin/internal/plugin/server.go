@@ -295,14 +295,14 @@ func (s *server) containerResponse(p *Pool, devs []*nic.Device) *pluginapi.Conta
 	for _, d := range devs {
 		addrs = append(addrs, d.PCIAddress)
 		info[d.PCIAddress] = DeviceInfo{
-			PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, CharDevices: d.CharDevices, VFIODevices: d.VFIODevices,
+			PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, CharDevices: charDevicePaths(p, d), VFIODevices: d.VFIODevices,
 			Netdev: d.Netdev, PFPCIAddress: d.PFAddress, PFNetdev: d.PFNetdev, LinkType: d.LinkType, NUMANode: d.NUMANode,
 		}
 		if d.RDMADevice != "" && !d.IsVFIO() {
 			hcas = append(hcas, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 			ucx = append(ucx, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 		}
-		for _, path := range devicePaths(d) {
+		for _, path := range devicePaths(p, d) {
 			if seen[path] {
 				continue
 			}

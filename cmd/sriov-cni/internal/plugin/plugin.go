@@ -30,6 +30,7 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 // HostRootEnv names the directory that stands for / when reading sysfs
@@ -438,7 +439,7 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 
 // checkDevice checks the conf against what the VF is.
 func checkDevice(c *NetConf, d *nic.Device) error {
-	ib := d.LinkType == "InfiniBand"
+	ib := d.LinkType == rdma.LinkLayerInfiniBand
 	switch {
 	case ib && c.vf.MAC != nil:
 		return errors.New("an InfiniBand VF has no Ethernet MAC to set: set guid (or runtimeConfig.infinibandGUID) instead of mac")
@@ -447,7 +448,7 @@ func checkDevice(c *NetConf, d *nic.Device) error {
 	case ib && (c.vf.Vlan != nil || c.vf.VlanProto != nil):
 		return errors.New("an InfiniBand VF has no VLAN: use a partition key on the subnet manager instead of vlan")
 	case d.IsVFIO() && c.MTU != nil:
-		return errors.New("the VF is bound to vfio-pci (no netdev): mtu cannot apply")
+		return fmt.Errorf("the VF is bound to %s (no netdev): mtu cannot apply", pci.DriverVFIO)
 	}
 	return nil
 }
