@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -111,6 +113,19 @@ func (s *syncBuffer) String() string {
 
 func startDaemon(t testing.TB, host, config string) *daemon {
 	t.Helper()
+	return startDaemonWith(t, daemonOpts{host: host, config: config})
+}
+
+type daemonOpts struct {
+	host, config string
+	// dropCaps runs it as the DaemonSet does: no capabilities at all (an
+	// empty bounding set, so root gets none on exec) and no_new_privs.
+	dropCaps bool
+}
+
+func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
+	t.Helper()
+	host, config := o.host, o.config
 	bin := binary(t)
 	base := t.TempDir()
 	d := &daemon{
@@ -131,7 +146,11 @@ func startDaemon(t testing.TB, host, config string) *daemon {
 		// parallel). Its unix sockets are reachable from anywhere;
 		// /metrics is reached through a dialer in that netns.
 		d.netns = privateNetns(t)
-		d.cmd = exec.Command("ip", append([]string{"netns", "exec", d.netns, bin}, args...)...)
+		cmd := []string{"netns", "exec", d.netns}
+		if o.dropCaps {
+			cmd = append(cmd, "setpriv", "--no-new-privs", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all")
+		}
+		d.cmd = exec.Command("ip", append(append(cmd, bin), args...)...)
 	} else {
 		d.cmd = exec.Command(bin, args...)
 	}
@@ -324,13 +343,37 @@ func TestServeFixtureHost(t *testing.T) {
 
 // TestServeLinkHealth sets a veth named as the fixture's rail-0 PF netdev
 // down and up in the daemon's netns: the real netlink subscription must
-// mark that PF's VFs Unhealthy, then Healthy.
+// mark that PF's VFs Unhealthy, then Healthy — also when the daemon runs
+// with no capability at all, as the DaemonSet runs it.
 func TestServeLinkHealth(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates a network namespace and a veth named as a fixture PF netdev")
 	}
+	for _, tc := range []struct {
+		name     string
+		dropCaps bool
+	}{{"root", false}, {"no capabilities", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.dropCaps {
+				if _, err := exec.LookPath("setpriv"); err != nil {
+					t.Skip("needs setpriv (util-linux) to drop every capability")
+				}
+			}
+			testLinkHealth(t, tc.dropCaps)
+		})
+	}
+}
+
+func testLinkHealth(t *testing.T, dropCaps bool) {
 	const pf, peer = "ibp24s0", "fpt-ibp24s0-p"
-	d := startDaemon(t, fixture("dgx-h100"), config("sriov-dp.json"))
+	d := startDaemonWith(t, daemonOpts{host: fixture("dgx-h100"), config: config("sriov-dp.json"), dropCaps: dropCaps})
+	if dropCaps {
+		// It really runs without capabilities.
+		require.Eventually(t, func() bool {
+			st, err := procStatusHex(d.cmd.Process.Pid, "CapEff", "CapPrm", "CapBnd")
+			return err == nil && st["CapEff"] == 0 && st["CapPrm"] == 0 && st["CapBnd"] == 0
+		}, 5*time.Second, 10*time.Millisecond, "the daemon still holds capabilities")
+	}
 	n, err := netns.Open("/var/run/netns/" + d.netns)
 	require.NoError(t, err)
 	defer n.Close()
@@ -372,6 +415,32 @@ func TestServeLinkHealth(t *testing.T) {
 	require.NoError(t, h.LinkSetUp(veth))
 	waitFor(pluginapi.Healthy)
 	d.stop()
+	require.NotContains(t, d.log.String(), "netlink", "no netlink warning: event-driven health is on")
+}
+
+// procStatusHex reads hexadecimal fields (capability sets) of
+// /proc/<pid>/status.
+func procStatusHex(pid int, fields ...string) (map[string]uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || !slices.Contains(fields, k) {
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("/proc/%d/status: %s: %w", pid, k, err)
+		}
+		out[k] = n
+	}
+	if len(out) != len(fields) {
+		return nil, fmt.Errorf("/proc/%d/status: want %v, found %v", pid, fields, out)
+	}
+	return out, nil
 }
 
 func TestServeStartupErrors(t *testing.T) {

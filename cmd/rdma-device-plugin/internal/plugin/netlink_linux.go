@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 
@@ -11,7 +12,8 @@ import (
 )
 
 // NetlinkLinks subscribes to RTM_NEWLINK/RTM_DELLINK in a netns (the
-// caller's when NS is nil).
+// caller's when NS is nil). It needs no capability: the DaemonSet drops
+// them all.
 type NetlinkLinks struct {
 	NS *netns.NsHandle
 	// OnError is told about a broken subscription (then the channel closes).
@@ -21,12 +23,21 @@ type NetlinkLinks struct {
 var _ LinkSource = (*NetlinkLinks)(nil)
 
 // Subscribe lists existing links, then streams changes until ctx ends.
+//
+// The existing links are listed on a socket of their own, not with the
+// library's ListExisting: that sends the RTM_GETLINK dump on the
+// subscribed socket addressed to the link multicast group, and the kernel
+// lets a process send to a NETLINK_ROUTE group only with CAP_NET_ADMIN
+// (netlink_sendmsg: NETLINK_ROUTE has no NL_CFG_F_NONROOT_SEND), so
+// without it the subscription fails with EPERM. Joining the group and a
+// plain dump need no capability. The subscription is made first and its
+// events are delivered after the list, so a change made while the list is
+// read is applied after it: the last state delivered is the kernel's.
 func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) {
 	updates := make(chan netlink.LinkUpdate, 256)
 	done := make(chan struct{})
 	opts := netlink.LinkSubscribeOptions{
-		ListExisting: true,
-		Namespace:    n.NS,
+		Namespace: n.NS,
 		ErrorCallback: func(err error) {
 			// Closing the subscription on ctx's end fails its pending
 			// receive: that is a stop, not a fault.
@@ -38,10 +49,28 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 	if err := netlink.LinkSubscribeWithOptions(updates, done, opts); err != nil {
 		return nil, fmt.Errorf("netlink: subscribe to link updates: %w", err)
 	}
+	existing, err := n.list()
+	if err != nil {
+		close(done)
+		return nil, fmt.Errorf("netlink: list links: %w", err)
+	}
 	out := make(chan LinkEvent, 64)
 	go func() {
 		defer close(out)
 		defer close(done)
+		send := func(ev LinkEvent) bool {
+			select {
+			case out <- ev:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		for _, l := range existing {
+			if !send(linkEvent(l.Attrs(), false)) {
+				return
+			}
+		}
 		for {
 			select {
 			case <-ctx.Done():
@@ -50,20 +79,43 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 				if !ok {
 					return
 				}
-				a := u.Attrs()
-				ev := LinkEvent{
-					Name:    a.Name,
-					Deleted: u.Header.Type == unix.RTM_DELLINK,
-					Up: a.OperState == netlink.OperUp ||
-						a.OperState == netlink.OperUnknown && a.Flags&net.FlagUp != 0,
-				}
-				select {
-				case out <- ev:
-				case <-ctx.Done():
+				if !send(linkEvent(u.Attrs(), u.Header.Type == unix.RTM_DELLINK)) {
 					return
 				}
 			}
 		}
 	}()
 	return out, nil
+}
+
+// list dumps the links of the netns.
+func (n *NetlinkLinks) list() ([]netlink.Link, error) {
+	var h *netlink.Handle
+	var err error
+	if n.NS != nil {
+		h, err = netlink.NewHandleAt(*n.NS, unix.NETLINK_ROUTE)
+	} else {
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	// A dump the kernel reports as interrupted (links changed while it
+	// was read) is read again.
+	for try := 1; ; try++ {
+		links, err := h.LinkList()
+		if errors.Is(err, netlink.ErrDumpInterrupted) && try < 5 {
+			continue
+		}
+		return links, err
+	}
+}
+
+func linkEvent(a *netlink.LinkAttrs, deleted bool) LinkEvent {
+	return LinkEvent{
+		Name:    a.Name,
+		Deleted: deleted,
+		Up:      a.OperState == netlink.OperUp || a.OperState == netlink.OperUnknown && a.Flags&net.FlagUp != 0,
+	}
 }
