@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -304,6 +307,10 @@ func TestServeDGX(t *testing.T) {
 		require.JSONEq(t, `{"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:18:00.1","rdma-device":"mlx5_12","pf-pci-address":"0000:18:00.0"}}`, string(data))
 	})
 
+	var all []string
+	for _, d := range pools[0].Devices {
+		all = append(all, d.PCIAddress)
+	}
 	t.Run("Allocate errors", func(t *testing.T) {
 		many := make([]string, 33)
 		for i := range many {
@@ -315,8 +322,11 @@ func TestServeDGX(t *testing.T) {
 			want string
 		}{
 			{"unknown", [][]string{{"0000:18:00.1"}, {"0000:99:00.1"}}, `"0000:99:00.1"`},
-			{"too many", [][]string{many}, "exceeds the pool's 32"},
+			{"too many", [][]string{many}, "request for 33 devices in 1 containers exceeds the pool's 32"},
 			{"twice", [][]string{{"0000:18:00.2", "0000:18:00.2"}}, `"0000:18:00.2" requested twice`},
+			{"two containers", [][]string{{"0000:18:00.2"}, {"0000:40:00.1", "0000:18:00.2"}}, `"0000:18:00.2" requested for containers 0 and 1 of one pod`},
+			{"too many over containers", [][]string{all[:20], all[12:]}, "request for 40 devices in 2 containers exceeds the pool's 32"},
+			{"huge ID", [][]string{{strings.Repeat("x", 1<<20)}}, `unknown device ID "` + strings.Repeat("x", 64) + `"… (1048576 bytes)`},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				req := &pluginapi.AllocateRequest{}
@@ -326,6 +336,7 @@ func TestServeDGX(t *testing.T) {
 				_, err := rails.Allocate(context.Background(), req)
 				require.Equal(t, codes.InvalidArgument, status.Code(err), err)
 				require.Contains(t, err.Error(), tc.want)
+				require.Less(t, len(err.Error()), 300, "error messages do not echo the request")
 			})
 		}
 		// Nothing of the failed requests was written.
@@ -334,10 +345,6 @@ func TestServeDGX(t *testing.T) {
 	})
 
 	t.Run("GetPreferredAllocation", func(t *testing.T) {
-		var all []string
-		for _, d := range pools[0].Devices {
-			all = append(all, d.PCIAddress)
-		}
 		for _, tc := range []struct {
 			name      string
 			available []string
@@ -351,6 +358,11 @@ func TestServeDGX(t *testing.T) {
 			{"4 fit on NUMA 0", all, nil, 4, []string{"0000:18:00.1", "0000:40:00.1", "0000:4f:00.1", "0000:5e:00.1"}},
 			{"must on NUMA 1 keeps NUMA 1", all, []string{"0000:ce:00.3"}, 3, []string{"0000:ce:00.3", "0000:9a:00.1", "0000:c0:00.1"}},
 			{"NUMA 0 short", []string{"0000:18:00.1", "0000:9a:00.1", "0000:9a:00.2", "0000:c0:00.1"}, nil, 2, []string{"0000:9a:00.1", "0000:c0:00.1"}},
+			// Sizes and lists from the kubelet are bounded, not trusted.
+			{"size beyond the pool", all[:3], nil, math.MaxInt32, all[:3]},
+			{"size 0", all, nil, 0, []string{}},
+			{"unknown and repeated IDs", append(slices.Repeat([]string{"0000:18:00.1", "nope"}, 100000), "0000:18:00.2"), []string{"nope"}, 5,
+				[]string{"0000:18:00.1", "0000:18:00.2"}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				resp, err := rails.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
@@ -360,9 +372,19 @@ func TestServeDGX(t *testing.T) {
 				})
 				require.NoError(t, err)
 				require.Len(t, resp.ContainerResponses, 1)
-				require.Equal(t, tc.want, resp.ContainerResponses[0].DeviceIDs)
+				require.Equal(t, tc.want, append([]string{}, resp.ContainerResponses[0].DeviceIDs...))
 			})
 		}
+		for _, req := range []*pluginapi.PreferredAllocationRequest{
+			{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: all, AllocationSize: -1}}},
+			{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: all, AllocationSize: 1}, {AllocationSize: math.MinInt32}}},
+		} {
+			_, err := rails.GetPreferredAllocation(context.Background(), req)
+			require.Equal(t, codes.InvalidArgument, status.Code(err), err)
+		}
+		// The server is still there.
+		_, err := rails.GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})
+		require.NoError(t, err)
 	})
 
 	t.Run("shared", func(t *testing.T) {

@@ -18,8 +18,10 @@ type candidate struct {
 // with 8 rails gets one VF per rail), and "pack" fills as few PFs as
 // possible. The result is deterministic: ties break on PF address, then
 // device ID. Unknown IDs in available or mustInclude are ignored; the
-// answer may be shorter than size when there are not enough devices.
+// answer may be shorter than size when there are not enough devices; a
+// size beyond the pool is clamped to it, a negative one is 0.
 func preferred(all map[string]candidate, available, mustInclude []string, size int, policy string) []string {
+	size = max(0, min(size, len(all)))
 	chosen := make([]string, 0, size)
 	taken := make(map[string]bool, size)
 	pfUse := map[string]int{}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -182,6 +183,11 @@ func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 	}
 }
 
+// GetPreferredAllocation answers each container request with the devices
+// preferred() picks. Everything the kubelet sends is bounded before it is
+// used: a negative size is an error, a size beyond the pool is clamped to
+// it (by preferred), and the ID lists are only ever looked up, never used
+// to size memory.
 func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	s.mu.Lock()
 	all := make(map[string]candidate, len(s.slots))
@@ -190,13 +196,29 @@ func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 		all[sl.ID] = candidate{ID: sl.ID, NUMA: sl.NUMA, PF: sl.PF}
 	}
 	policy := s.pool.AllocationPolicy
+	name := s.pool.ResourceName()
 	s.mu.Unlock()
 	resp := &pluginapi.PreferredAllocationResponse{}
-	for _, cr := range req.ContainerRequests {
+	for i, cr := range req.ContainerRequests {
+		if cr.AllocationSize < 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: container request %d: allocation size %d is negative", name, i, cr.AllocationSize)
+		}
 		ids := preferred(all, cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, int(cr.AllocationSize), policy)
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return resp, nil
+}
+
+// maxQuoted is how much of a device ID from a request an error message
+// repeats: the kubelet's requests are not bounded, our messages are.
+const maxQuoted = 64
+
+// quoteID quotes an ID for an error message, cut to maxQuoted bytes.
+func quoteID(id string) string {
+	if len(id) <= maxQuoted {
+		return strconv.Quote(id)
+	}
+	return strconv.Quote(id[:maxQuoted]) + fmt.Sprintf("… (%d bytes)", len(id))
 }
 
 // DeviceInfo is one PCI function in PCIDEVICE_<PREFIX>_<NAME>_INFO.
@@ -215,36 +237,11 @@ type DeviceInfo struct {
 func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	s.mu.Lock()
 	p := s.pool
-	// Validate every container request before any side effect, so that
-	// nothing is half-allocated.
-	fns := make([][]*nic.Device, len(req.ContainerRequests))
-	for i, cr := range req.ContainerRequests {
-		if len(cr.DevicesIds) > len(s.slots) {
-			s.mu.Unlock()
-			return nil, status.Errorf(codes.InvalidArgument, "%s: request for %d devices (%s) exceeds the pool's %d",
-				p.ResourceName(), len(cr.DevicesIds), strings.Join(cr.DevicesIds, ","), len(s.slots))
-		}
-		seen := map[string]bool{}
-		for _, id := range cr.DevicesIds {
-			j, ok := s.byID[id]
-			if !ok {
-				s.mu.Unlock()
-				return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %q", p.ResourceName(), id)
-			}
-			if seen[id] {
-				s.mu.Unlock()
-				return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %q requested twice", p.ResourceName(), id)
-			}
-			seen[id] = true
-			for _, f := range s.slots[j].Functions {
-				if !slices.Contains(fns[i], f) {
-					fns[i] = append(fns[i], f)
-				}
-			}
-		}
-		slices.SortFunc(fns[i], func(a, b *nic.Device) int { return strings.Compare(a.PCIAddress, b.PCIAddress) })
-	}
+	fns, err := s.resolveLocked(req)
 	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 
 	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, len(fns))}
 	for i, devs := range fns {
@@ -269,6 +266,47 @@ func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	s.metrics.allocated(p.ResourceName(), len(ids))
 	s.log.Debug("allocate", "devices", ids)
 	return resp, nil
+}
+
+// resolveLocked checks every container request of an Allocate before any
+// side effect, so that nothing is half-allocated, and returns the PCI
+// functions each container gets. An ID the pool does not have, or one
+// asked for twice — in one container or in two containers of the call — is
+// an error.
+func (s *server) resolveLocked(req *pluginapi.AllocateRequest) ([][]*nic.Device, error) {
+	name := s.pool.ResourceName()
+	total := 0
+	for _, cr := range req.ContainerRequests {
+		total += len(cr.DevicesIds)
+	}
+	if total > len(s.slots) {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: request for %d devices in %d containers exceeds the pool's %d",
+			name, total, len(req.ContainerRequests), len(s.slots))
+	}
+	owner := make(map[string]int, total) // device ID → container
+	fns := make([][]*nic.Device, len(req.ContainerRequests))
+	for i, cr := range req.ContainerRequests {
+		for _, id := range cr.DevicesIds {
+			j, ok := s.byID[id]
+			if !ok {
+				return nil, status.Errorf(codes.InvalidArgument, "%s: unknown device ID %s", name, quoteID(id))
+			}
+			if c, dup := owner[id]; dup {
+				if c == i {
+					return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s requested twice", name, quoteID(id))
+				}
+				return nil, status.Errorf(codes.InvalidArgument, "%s: device ID %s requested for containers %d and %d of one pod", name, quoteID(id), c, i)
+			}
+			owner[id] = i
+			for _, f := range s.slots[j].Functions {
+				if !slices.Contains(fns[i], f) {
+					fns[i] = append(fns[i], f)
+				}
+			}
+		}
+		slices.SortFunc(fns[i], func(a, b *nic.Device) int { return strings.Compare(a.PCIAddress, b.PCIAddress) })
+	}
+	return fns, nil
 }
 
 // containerResponse builds what one container gets for devs.
