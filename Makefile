@@ -14,7 +14,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/fastpath-k8s/fastpath/internal/version
 LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)
 
-.PHONY: all build test test-short lint fmt vet bench discover demo e2e fixtures clean
+.PHONY: all build test test-short lint fmt vet bench discover demo e2e fixtures clean soak
 
 all: lint build test
 
@@ -61,6 +61,20 @@ e2e:
 demo:
 	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it creates a network namespace and veth links standing in for the VFs (sudo make demo)"; exit 2; fi
 	$(GO) run ./test/demo --host-root $(HOSTROOT) --config $(CONFIG)
+
+# Fault injection, as root: every TestSoak... test in the repo (kills at
+# random moments and at every step boundary, races, garbage input, a leak
+# check after every cycle) with its long budget (internal/testnet.Soak;
+# SOAK_DURATION overrides it), one package at a time. `make test` runs the
+# same tests with a short budget. The figures are printed at the end.
+SOAK_DURATION ?=
+SOAK_REPORT   := $(BIN)/soak-report.txt
+soak:
+	@if [ "$$(id -u)" != 0 ]; then echo "make soak needs root: it kills the plugins mid-step on veth stand-ins in network namespaces (sudo make soak)"; exit 2; fi
+	mkdir -p $(BIN) && rm -f $(SOAK_REPORT)
+	FASTPATH_SOAK=long FASTPATH_SOAK_DURATION=$(SOAK_DURATION) FASTPATH_SOAK_REPORT=$(abspath $(SOAK_REPORT)) \
+		$(GO) test -p 1 -count=1 -timeout 180m -run '^TestSoak' $(PKGS)
+	@echo "soak figures:"; cat $(SOAK_REPORT)
 
 # Regenerate the committed fixture hosts from internal/fixture.
 fixtures:

@@ -1,14 +1,10 @@
-// Package netns moves links between network namespaces the safe way: through
-// a temporary namespace, where the rename and the MAC/MTU changes cannot clash
-// with any other interface, with every step rolled back when a later one
-// fails. All netlink work goes through per-namespace handles, so no goroutine
-// ever switches its thread's namespace for it.
 package netns
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -33,13 +29,36 @@ func Open(path string) (*NS, error) {
 }
 
 // Current opens the calling thread's namespace (the host's, for a CNI
-// plugin).
+// plugin). Its handle is made without entering the namespace (the caller is
+// in it already), so an unprivileged process can open and read its own.
 func Current() (*NS, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	n, err := ns.GetCurrentNS()
 	if err != nil {
 		return nil, fmt.Errorf("netns: open current: %w", err)
 	}
-	return wrap(n)
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("netns %s: netlink handle: %w", n.Path(), err)
+	}
+	return &NS{ns: n, h: h}, nil
+}
+
+// IsCurrent reports whether path names the calling thread's network
+// namespace (a CNI_NETNS of /proc/self/ns/net, say): the same nsfs inode.
+func IsCurrent(path string) (bool, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var want, self unix.Stat_t
+	if err := unix.Stat(path, &want); err != nil {
+		return false, fmt.Errorf("netns %s: %w", path, err)
+	}
+	if err := unix.Stat("/proc/thread-self/ns/net", &self); err != nil {
+		return false, fmt.Errorf("netns: own namespace: %w", err)
+	}
+	return want.Dev == self.Dev && want.Ino == self.Ino, nil
 }
 
 // Temp creates an empty namespace that lives until Close.
@@ -109,7 +128,23 @@ var ErrLinkNotFound = errors.New("link not found")
 // is undone and the link is back in from under its name, MAC and MTU. The
 // link is left down (moving a link always takes it down); it returns the
 // link as seen in to.
-func Move(name string, from, to *NS, cfg LinkConfig) (_ netlink.Link, err error) {
+func Move(name string, from, to *NS, cfg LinkConfig) (netlink.Link, error) {
+	tmp, err := Temp()
+	if err != nil {
+		return nil, err
+	}
+	// Closing a namespace that still holds the link would destroy a
+	// virtual link and send a physical one to the initial namespace: the
+	// rollbacks in MoveVia run before this.
+	defer tmp.Close()
+	return MoveVia(name, from, tmp, to, cfg)
+}
+
+// MoveVia is Move through the namespace via, which the caller made for this
+// one move (Temp or Pin) and which holds no other link. from may be via
+// itself: the link is finished from there (a move a killed process left
+// half-done). On error the link is back in from, as in Move.
+func MoveVia(name string, from, via, to *NS, cfg LinkConfig) (_ netlink.Link, err error) {
 	link, err := from.h.LinkByName(name)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
@@ -121,17 +156,11 @@ func Move(name string, from, to *NS, cfg LinkConfig) (_ netlink.Link, err error)
 	orig := link.Attrs()
 	origMAC, origMTU, origAlias := append(net.HardwareAddr(nil), orig.HardwareAddr...), orig.MTU, orig.Alias
 
-	tmp, err := Temp()
-	if err != nil {
-		return nil, err
-	}
-	// Closing a namespace that still holds the link would destroy a
-	// virtual link and send a physical one to the initial namespace: the
-	// rollbacks below run before this.
-	defer tmp.Close()
-
-	if err = from.h.LinkSetNsFd(link, tmp.Fd()); err != nil {
-		return nil, fmt.Errorf("move %s to a temporary netns: %w", name, err)
+	tmp := via
+	if from != via {
+		if err = from.h.LinkSetNsFd(link, tmp.Fd()); err != nil {
+			return nil, fmt.Errorf("move %s to a temporary netns: %w", name, err)
+		}
 	}
 	cur := name
 	defer func() {
@@ -151,7 +180,9 @@ func Move(name string, from, to *NS, cfg LinkConfig) (_ netlink.Link, err error)
 			if cfg.Alias != nil {
 				_ = tmp.h.LinkSetAlias(l, origAlias)
 			}
-			_ = tmp.h.LinkSetNsFd(l, from.Fd())
+			if from != via {
+				_ = tmp.h.LinkSetNsFd(l, from.Fd())
+			}
 		}
 	}()
 
