@@ -31,7 +31,7 @@ const (
 )
 
 type serveFlags struct {
-	config, hostRoot, kubeletDir, devInfoDir, cdiDir, metricsAddr, logLevel string
+	config, hostRoot, nodeRoot, kubeletDir, devInfoDir, cdiDir, metricsAddr, logLevel string
 	useCDI, version                                                         bool
 }
 
@@ -60,7 +60,8 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	var f serveFlags
 	fs.StringVar(&f.config, "config", defaultConfig, "pool config file (configList and/or resourceList JSON)")
 	fs.StringVar(&f.config, "config-file", defaultConfig, "the same as --config (the name the peer plugins use)")
-	fs.StringVar(&f.hostRoot, "host-root", "/", "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev)")
+	fs.StringVar(&f.hostRoot, "host-root", "/", "where the plugin reads the node's sysfs (DIR/sys) and devices (DIR/dev), e.g. /host with the node's / mounted there")
+	fs.StringVar(&f.nodeRoot, "node-root", "/", "what --host-root is on the node: device paths handed to the kubelet and written to CDI specs are under it")
 	fs.StringVar(&f.kubeletDir, "kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (holds kubelet.sock)")
 	fs.StringVar(&f.devInfoDir, "devinfo-dir", defaultDevInfoDir, "where device-info-spec files for the CNI go; empty disables them")
 	fs.BoolVar(&f.useCDI, "use-cdi", false, "write CDI specs (to --cdi-spec-dir) and return CDI device names from Allocate")
@@ -117,7 +118,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		return src.scan(reload)
 	}
 	m, err := plugin.NewManager(plugin.Options{
-		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
+		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, NodeRoot: f.nodeRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
 		ConfigPath: f.config, Scan: scan, Metrics: metrics, Log: log, ReleaseMemory: true,
 		Links: &plugin.NetlinkLinks{OnError: func(err error) {
 			log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)
@@ -143,7 +144,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		defer hs.Close()
 		log.Info("serving /healthz and /metrics", "addr", l.Addr().String())
 	}
-	log.Info("starting", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion, "config", f.config, "hostRoot", f.hostRoot, "kubeletDir", f.kubeletDir, "pools", len(first.Pools))
+	log.Info("starting", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion, "config", f.config, "hostRoot", f.hostRoot, "nodeRoot", f.nodeRoot, "kubeletDir", f.kubeletDir, "pools", len(first.Pools))
 	err = m.Run(ctx)
 	log.Info("stopped")
 	return err

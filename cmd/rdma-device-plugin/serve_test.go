@@ -118,6 +118,7 @@ func startDaemon(t testing.TB, host, config string) *daemon {
 
 type daemonOpts struct {
 	host, config string
+	args         []string // more flags
 	// dropCaps runs it as the DaemonSet does: no capabilities at all (an
 	// empty bounding set, so root gets none on exec) and no_new_privs.
 	dropCaps bool
@@ -138,6 +139,7 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 	t.Cleanup(d.stub.Stop)
 	args := []string{"--host-root", host, "--config", config, "--kubelet-dir", d.dir,
 		"--devinfo-dir", d.devinfo, "--cdi-spec-dir", d.cdi, "--metrics-addr", d.metrics}
+	args = append(args, o.args...)
 	if os.Geteuid() == 0 {
 		// A network namespace of its own: the daemon's netlink link
 		// subscription then sees only the links a test puts there, not
@@ -247,7 +249,10 @@ func health(r *pluginapi.ListAndWatchResponse) map[string]string {
 }
 
 func TestServeFixtureHost(t *testing.T) {
-	d := startDaemon(t, fixture("dgx-h100"), config("combined.json"))
+	// The plugin reads the fixture; what it hands the kubelet is under the
+	// node root, never under --host-root.
+	const nodeRoot = "/node"
+	d := startDaemonWith(t, daemonOpts{host: fixture("dgx-h100"), config: config("combined.json"), args: []string{"--node-root", nodeRoot}})
 	regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "mellanox.com/hca_shared_devices_a")
 	r := regs["mellanox.com/mlnx_sriov_rdma"]
 	require.Equal(t, pluginapi.Version, r.Version)
@@ -296,7 +301,7 @@ func TestServeFixtureHost(t *testing.T) {
 	require.Equal(t, "0000:18:00.0", info["0000:18:00.1"]["pfPciAddress"])
 	var paths []string
 	for _, s := range cr.Devices {
-		require.Equal(t, filepath.Join(fixture("dgx-h100"), s.ContainerPath), s.HostPath)
+		require.Equal(t, nodeRoot+s.ContainerPath, s.HostPath)
 		require.Equal(t, "rw", s.Permissions)
 		paths = append(paths, s.ContainerPath)
 	}
@@ -475,19 +480,24 @@ func TestServeStartupErrors(t *testing.T) {
 
 // The flags the peer plugins' manifests pass are accepted.
 func TestServeFlags(t *testing.T) {
+	want := func(mod func(f *serveFlags)) serveFlags {
+		f := serveFlags{config: defaultConfig, hostRoot: "/", nodeRoot: "/", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
+			metricsAddr: defaultMetrics, logLevel: "info"}
+		if mod != nil {
+			mod(&f)
+		}
+		return f
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
 		want serveFlags
 	}{
-		{"defaults", nil, serveFlags{config: defaultConfig, hostRoot: "/", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
-			metricsAddr: defaultMetrics, logLevel: "info"}},
-		{"config-file", []string{"--config-file=/etc/pcidp/config.json"}, serveFlags{config: "/etc/pcidp/config.json", hostRoot: "/",
-			kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir, metricsAddr: defaultMetrics, logLevel: "info"}},
-		{"use-cdi", []string{"--use-cdi"}, serveFlags{config: defaultConfig, hostRoot: "/", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
-			metricsAddr: defaultMetrics, logLevel: "info", useCDI: true, cdiDir: "/var/run/cdi"}},
-		{"cdi dir", []string{"-use-cdi", "-cdi-spec-dir", "/etc/cdi"}, serveFlags{config: defaultConfig, hostRoot: "/", kubeletDir: defaultKubeletDir,
-			devInfoDir: defaultDevInfoDir, metricsAddr: defaultMetrics, logLevel: "info", useCDI: true, cdiDir: "/etc/cdi"}},
+		{"defaults", nil, want(nil)},
+		{"config-file", []string{"--config-file=/etc/pcidp/config.json"}, want(func(f *serveFlags) { f.config = "/etc/pcidp/config.json" })},
+		{"use-cdi", []string{"--use-cdi"}, want(func(f *serveFlags) { f.useCDI, f.cdiDir = true, "/var/run/cdi" })},
+		{"cdi dir", []string{"-use-cdi", "-cdi-spec-dir", "/etc/cdi"}, want(func(f *serveFlags) { f.useCDI, f.cdiDir = true, "/etc/cdi" })},
+		{"roots", []string{"--host-root=/host", "--node-root=/"}, want(func(f *serveFlags) { f.hostRoot = "/host" })},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, err := parseServeFlags(tc.args, io.Discard)

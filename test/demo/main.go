@@ -126,7 +126,9 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 	}
 	d.defer_(func() error { stub.Stop(); return nil })
 	var dpLog bytes.Buffer
-	dp := exec.Command(filepath.Join(bin, "rdma-device-plugin"), "--host-root", hostRoot, "--config", config,
+	// The fixture is both where the plugin reads (--host-root) and, on
+	// this machine, where the device nodes it hands out are (--node-root).
+	dp := exec.Command(filepath.Join(bin, "rdma-device-plugin"), "--host-root", hostRoot, "--node-root", hostRoot, "--config", config,
 		"--kubelet-dir", kdir, "--devinfo-dir", devinfoDir, "--metrics-addr", "", "--log-level", "warn")
 	dp.Stdout, dp.Stderr = &dpLog, &dpLog
 	if err := dp.Start(); err != nil {

@@ -362,7 +362,7 @@ start_kubelet() {
 }
 
 start_device_plugin() {
-	start rdma-device-plugin "$WORK/bin/rdma-device-plugin" --config "$CONFIG" --host-root "$HOST" \
+	start rdma-device-plugin "$WORK/bin/rdma-device-plugin" --config "$CONFIG" --host-root "$HOST" --node-root "$HOST" \
 		--kubelet-dir "$DP_DIR" --devinfo-dir "$RUN/devinfo" --metrics-addr 127.0.0.1:0 --log-level debug
 	require "device plugin serves /metrics" 30 metrics_addr
 	METRICS=http://$(metrics_addr)/metrics

@@ -32,7 +32,7 @@ func CDISpecPath(dir, prefix, name string) string {
 func CDIDeviceName(p *Pool, bdf string) string { return p.ResourceName() + "=" + bdf }
 
 // cdiSpec builds the spec of a pool: one CDI device per PCI function with
-// its char (or vfio) devices. Host paths honour root.
+// its char (or vfio) devices. Host paths are under root, the node root.
 func cdiSpec(p *Pool, root string) *cdispec.Spec {
 	spec := &cdispec.Spec{Version: cdiSpecVersion, Kind: p.ResourceName(), Devices: []cdispec.Device{}}
 	for i := range p.Devices {
@@ -71,6 +71,8 @@ func charDevicePaths(p *Pool, d *nic.Device) []string {
 	return paths
 }
 
+// hostPath is the node's path of a device node: path (as on the host,
+// "/dev/infiniband/uverbs14") under the node root.
 func hostPath(root, path string) string {
 	if root == "" || root == "/" {
 		return path

@@ -45,7 +45,15 @@ type ScanFunc func(reloadConfig bool) (Scan, error)
 // Options configure a Manager.
 type Options struct {
 	KubeletDir string // /var/lib/kubelet/device-plugins
-	HostRoot   string // "/" in production
+	// HostRoot is where the plugin reads the node's /sys and /dev ("/"
+	// in production, "/host" with the node's root mounted there).
+	HostRoot string
+	// NodeRoot is what HostRoot is on the node itself ("/" in
+	// production; a fixture host's directory in tests): the device paths
+	// handed to the kubelet (DeviceSpec host paths) and written to CDI
+	// specs are under it, never under HostRoot, which is a path inside
+	// the plugin's container.
+	NodeRoot   string
 	DevInfoDir string // "" disables device-info files
 	CDIDir     string // "" disables CDI
 	ConfigPath string // watched for changes; "" = not watched
@@ -116,6 +124,9 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	if opts.HostRoot == "" {
 		opts.HostRoot = "/"
+	}
+	if opts.NodeRoot == "" {
+		opts.NodeRoot = "/"
 	}
 	if opts.RegisterTimeout == 0 {
 		opts.RegisterTimeout = 5 * time.Second
@@ -340,14 +351,14 @@ func (m *Manager) apply(scan Scan) {
 		p := next[r]
 		slots := buildSlots(&p, m.healthy)
 		if m.opts.CDIDir != "" {
-			if err := writeCDISpec(m.opts.CDIDir, &p, m.opts.HostRoot); err != nil {
+			if err := writeCDISpec(m.opts.CDIDir, &p, m.opts.NodeRoot); err != nil {
 				m.log.Error("write CDI spec", "resource", r, "err", err)
 			}
 		}
 		m.pools[r] = p
 		s, ok := m.servers[r]
 		if !ok {
-			m.servers[r] = newServer(p, slots, m.log, m.opts.HostRoot, m.devInfo, m.opts.CDIDir != "", m.opts.Metrics, m.markAllocated)
+			m.servers[r] = newServer(p, slots, m.log, m.opts.NodeRoot, m.devInfo, m.opts.CDIDir != "", m.opts.Metrics, m.markAllocated)
 			m.log.Info("pool added", "resource", r, "kind", p.Kind, "devices", len(slots), "healthy", countHealthy(slots))
 			continue
 		}

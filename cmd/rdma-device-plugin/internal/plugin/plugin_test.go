@@ -232,7 +232,10 @@ func TestServeDGX(t *testing.T) {
 	require.NoError(t, os.MkdirAll(cdiDir, 0o755))
 	foreign := filepath.Join(cdiDir, "vendor-other.json")
 	require.NoError(t, os.WriteFile(foreign, []byte("{}"), 0o644))
-	h := newHarness(t, func(o *Options) { o.CDIDir = cdiDir }, pools...)
+	// The plugin reads the fixture (HostRoot); on the node that tree is
+	// at /node (NodeRoot): what it hands out is under /node.
+	const nodeRoot = "/node"
+	h := newHarness(t, func(o *Options) { o.CDIDir = cdiDir; o.NodeRoot = nodeRoot }, pools...)
 	h.run()
 
 	regs := h.registered("mellanox.com/rails", "mellanox.com/storage")
@@ -272,7 +275,7 @@ func TestServeDGX(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, resp.ContainerResponses, 1)
 		cr := resp.ContainerResponses[0]
-		root := fixtureRoot("dgx-h100")
+		root := nodeRoot
 		spec := func(p string) devSpec { return devSpec{p, root + p, "rw"} }
 		require.Equal(t, []devSpec{
 			spec("/dev/infiniband/uverbs14"), spec("/dev/infiniband/umad12"), spec("/dev/infiniband/issm12"),
@@ -404,7 +407,7 @@ func TestServeDGX(t *testing.T) {
 		var paths []string
 		for _, d := range cr.Devices {
 			paths = append(paths, d.ContainerPath)
-			require.Equal(t, fixtureRoot("dgx-h100")+d.ContainerPath, d.HostPath)
+			require.Equal(t, nodeRoot+d.ContainerPath, d.HostPath)
 		}
 		// Only the pool's two HCAs (mlx5_8 -> uverbs10, mlx5_9 -> uverbs11), not the node's others.
 		require.Equal(t, []string{
@@ -436,7 +439,7 @@ func TestServeDGX(t *testing.T) {
 		require.Len(t, spec.Devices, 32)
 		require.Equal(t, "0000:18:00.1", spec.Devices[0].Name)
 		require.Equal(t, "/dev/infiniband/uverbs14", spec.Devices[0].ContainerEdits.DeviceNodes[0].Path)
-		require.Equal(t, fixtureRoot("dgx-h100")+"/dev/infiniband/uverbs14", spec.Devices[0].ContainerEdits.DeviceNodes[0].HostPath)
+		require.Equal(t, nodeRoot+"/dev/infiniband/uverbs14", spec.Devices[0].ContainerEdits.DeviceNodes[0].HostPath)
 		require.Equal(t, "rw", spec.Devices[0].ContainerEdits.DeviceNodes[0].Permissions)
 	})
 
@@ -449,6 +452,28 @@ func TestServeDGX(t *testing.T) {
 	left, err := filepath.Glob(filepath.Join(cdiDir, "*"))
 	require.NoError(t, err)
 	require.Equal(t, []string{foreign}, left)
+}
+
+// The host root is where the plugin reads; it never shows in what the
+// kubelet and the runtime get: with the default node root, DeviceSpecs and
+// CDI specs name the node's own /dev paths.
+func TestHostRootNotHandedOut(t *testing.T) {
+	cdiDir := filepath.Join(t.TempDir(), "cdi")
+	h := newHarness(t, func(o *Options) { o.CDIDir = cdiDir }, dgxPools(t)...)
+	require.Equal(t, fixtureRoot("dgx-h100"), h.opts.HostRoot)
+	h.run()
+	h.registered("mellanox.com/rails", "mellanox.com/storage")
+	resp, err := h.client("mellanox.com_rails.sock").Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"0000:18:00.1"}}}})
+	require.NoError(t, err)
+	for _, d := range resp.ContainerResponses[0].Devices {
+		require.Equal(t, d.ContainerPath, d.HostPath)
+		require.True(t, strings.HasPrefix(d.HostPath, "/dev/infiniband/"), d.HostPath)
+	}
+	data, err := os.ReadFile(filepath.Join(cdiDir, "fastpath-mellanox.com_rails.json"))
+	require.NoError(t, err)
+	require.NotContains(t, string(data), fixtureRoot("dgx-h100"))
+	require.Contains(t, string(data), `"hostPath": "/dev/infiniband/uverbs14"`)
 }
 
 func TestHealthEvents(t *testing.T) {

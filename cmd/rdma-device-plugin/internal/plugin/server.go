@@ -33,7 +33,7 @@ type server struct {
 	pluginapi.UnimplementedDevicePluginServer
 
 	log     *slog.Logger
-	root    string // host root for DeviceSpec host paths
+	root    string // the node root for DeviceSpec host paths (Options.NodeRoot)
 	devInfo *devInfoStore
 	cdi     bool // return CDIDevices
 	metrics *Metrics
