@@ -32,7 +32,7 @@ const (
 
 type serveFlags struct {
 	config, hostRoot, nodeRoot, kubeletDir, devInfoDir, cdiDir, metricsAddr, logLevel string
-	useCDI, version                                                         bool
+	useCDI, version                                                                   bool
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
