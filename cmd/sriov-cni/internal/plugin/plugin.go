@@ -26,6 +26,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/vishvananda/netlink"
 
+	"github.com/fastpath-k8s/fastpath/internal/ifname"
 	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
@@ -180,8 +181,8 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	}
 	log, closeLog := p.logger(c, args)
 	defer closeLog()
-	if args.IfName == "" || len(args.IfName) > 15 || strings.ContainsAny(args.IfName, "/ \t\n:") {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_IFNAME %q is not a valid interface name", args.IfName), "")
+	if err := ifname.Check(args.IfName); err != nil {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_IFNAME: %v", err), "")
 	}
 	cands, err := p.candidates(ctx, c, args)
 	if err != nil {
