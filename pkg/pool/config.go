@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fastpath-k8s/fastpath/internal/ifname"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
@@ -554,18 +555,11 @@ func ifNames(v *value) ([]string, error) {
 		return nil, err
 	}
 	for i, n := range list {
-		if !validIfName(n) {
-			return nil, fmt.Errorf("%s[%d]: %q is not an interface name (1-15 characters, no '/', ':' or whitespace)", v.path, i, n)
+		if err := ifname.Check(n); err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", v.path, i, err)
 		}
 	}
 	return list, nil
-}
-
-func validIfName(n string) bool {
-	if n == "" || len(n) > 15 || n == "." || n == ".." {
-		return false
-	}
-	return !strings.ContainsAny(n, "/: \t\n")
 }
 
 // vfSets parses pfNames ("ens2f0", "ens2f0#0-11") or rootDevices
@@ -589,8 +583,8 @@ func vfSets(v *value, pciAddr bool) ([]VFSet, error) {
 			if pci.ValidAddress(strings.ToLower(pf)) {
 				return nil, fmt.Errorf("%s: %q is a PCI address: put it in rootDevices; pfNames takes the PF's netdev name", at, s)
 			}
-			if !validIfName(pf) {
-				return nil, fmt.Errorf("%s: %q: %q is not an interface name", at, s, pf)
+			if err := ifname.Check(pf); err != nil {
+				return nil, fmt.Errorf("%s: %q: %w", at, s, err)
 			}
 		}
 		if hasRange {
