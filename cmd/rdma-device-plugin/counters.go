@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
@@ -15,7 +16,7 @@ import (
 // --host-root other than / the collector exports nothing (and says so
 // once).
 type counterCollector struct {
-	src     *source
+	src     *plugin.Source
 	enabled bool
 	log     *slog.Logger
 	read    func(dev string) ([]rdma.PortCounters, error)
@@ -26,7 +27,7 @@ type counterCollector struct {
 	failed map[string]bool
 }
 
-func newCounterCollector(src *source, realHost bool, log *slog.Logger) *counterCollector {
+func newCounterCollector(src *plugin.Source, realHost bool, log *slog.Logger) *counterCollector {
 	if !realHost {
 		log.Info("RDMA port counters are read from the real /sys only; not exported with --host-root")
 	}
@@ -47,7 +48,7 @@ func (c *counterCollector) Collect(ch chan<- prometheus.Metric) {
 	if !c.enabled {
 		return
 	}
-	for _, dev := range c.src.hcas() {
+	for _, dev := range c.src.HCAs() {
 		ports, err := c.read(dev)
 		c.mu.Lock()
 		if err != nil && !c.failed[dev] {

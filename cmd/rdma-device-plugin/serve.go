@@ -9,9 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
@@ -90,11 +88,15 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 }
 
 func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
-	src, err := newSource(f.config, f.hostRoot, log)
+	src, err := plugin.NewSource(f.config, nic.NewScanner(f.hostRoot), log)
 	if err != nil {
 		return err
 	}
-	first, err := src.scan(false)
+	// The first scan is made here, before anything is served, so that a
+	// host the plugin cannot serve is a startup error; the manager takes
+	// it as its first state (a scan of a large host is the costliest thing
+	// the daemon does: it is not made twice).
+	first, err := src.Scan(false)
 	if err != nil {
 		return err
 	}
@@ -104,22 +106,12 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	counters := newCounterCollector(src, f.hostRoot == "/" || f.hostRoot == "", log)
 	build := version.Get()
 	metrics := plugin.NewMetrics(build, counters)
-	// The manager's first scan is the one just made: a scan of a large
-	// host is the costliest thing the daemon does.
-	fresh := true
-	scan := func(reload bool) (plugin.Scan, error) {
-		if fresh && !reload {
-			fresh = false
-			s := first
-			first = plugin.Scan{} // the manager keeps what it needs
-			return s, nil
-		}
-		fresh = false
-		return src.scan(reload)
-	}
 	m, err := plugin.NewManager(plugin.Options{
 		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, NodeRoot: f.nodeRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
-		ConfigPath: f.config, Scan: scan, Metrics: metrics, Log: log, ReleaseMemory: true,
+		ConfigPath: f.config, Scan: src.Scan, Metrics: metrics, Log: log, ReleaseMemory: true,
+		// Every pool is served here; a second API (DRA) takes its pools
+		// by turning them down in Serves.
+		Serves: nil,
 		Links: &plugin.NetlinkLinks{OnError: func(err error) {
 			log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)
 		}},
@@ -145,92 +137,15 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		log.Info("serving /healthz and /metrics", "addr", l.Addr().String())
 	}
 	log.Info("starting", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion, "config", f.config, "hostRoot", f.hostRoot, "nodeRoot", f.nodeRoot, "kubeletDir", f.kubeletDir, "pools", len(first.Pools))
-	err = m.Run(ctx)
+	err = m.Run(ctx, first)
 	log.Info("stopped")
 	return err
-}
-
-// source scans the host and builds the pools, keeping the last config that
-// loaded: a broken edit of the ConfigMap must not take the pools away.
-type source struct {
-	path    string
-	scanner *nic.Scanner
-	log     *slog.Logger
-
-	mu       sync.Mutex // guards the fields below
-	cfg      *pool.Config
-	lastWarn string
-	pools    []plugin.Pool
-}
-
-func newSource(path, hostRoot string, log *slog.Logger) (*source, error) {
-	cfg, err := pool.Load(path)
-	if err != nil {
-		return nil, err
-	}
-	for _, w := range cfg.Warnings {
-		log.Warn("config", "warning", w)
-	}
-	return &source{path: path, scanner: nic.NewScanner(hostRoot), log: log, cfg: cfg}, nil
-}
-
-func (s *source) scan(reload bool) (plugin.Scan, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if reload {
-		cfg, err := pool.Load(s.path)
-		if err != nil {
-			s.log.Error("config change rejected; keeping the last good config", "config", s.path, "err", err)
-		} else {
-			s.log.Info("config reloaded", "config", s.path, "resources", len(cfg.Resources))
-			s.cfg = cfg
-		}
-	}
-	snap, err := s.scanner.Scan()
-	if err != nil {
-		return plugin.Scan{}, fmt.Errorf("scan %s: %w", s.scanner.Root(), err)
-	}
-	built, warns := pool.Build(s.cfg, snap.Devices)
-	// Log warnings when they change, not on every rescan.
-	all := append(slices.Clone(snap.Warnings), warns...)
-	if key := strings.Join(all, "\n"); key != s.lastWarn {
-		s.lastWarn = key
-		for _, w := range all {
-			s.log.Warn("discovery", "warning", w)
-		}
-	}
-	pools := make([]plugin.Pool, 0, len(built))
-	for _, p := range built {
-		pools = append(pools, plugin.Pool{
-			Prefix: p.Prefix, Name: p.Name, Kind: plugin.Kind(p.Kind), RdmaHcaMax: p.RdmaHcaMax,
-			ExcludeTopology: p.ExcludeTopology, AllocationPolicy: p.AllocationPolicy, Devices: p.Devices,
-			RDMACM: snap.RDMACM,
-		})
-	}
-	s.pools = pools
-	return plugin.Scan{Pools: pools, Interval: s.cfg.PeriodicUpdateInterval}, nil
-}
-
-// hcas are the RDMA devices of the current pools, sorted.
-func (s *source) hcas() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, p := range s.pools {
-		for _, d := range p.Devices {
-			if d.RDMADevice != "" && !slices.Contains(out, d.RDMADevice) {
-				out = append(out, d.RDMADevice)
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
 }
 
 // checkCharDevices fails when the pools have RDMA devices but the node
 // shows none of their uverbs char devices: every Allocate would hand out
 // a device NCCL cannot open.
-func checkCharDevices(hostRoot string, pools []plugin.Pool) error {
+func checkCharDevices(hostRoot string, pools []pool.Pool) error {
 	want := 0
 	for _, p := range pools {
 		for _, d := range p.Devices {

@@ -130,7 +130,7 @@ var ErrNoConfig = errors.New("pool config file does not exist")
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s (pass --config with a configList/resourceList file, e.g. deployments/configmap.yaml's config.json)", ErrNoConfig, path)
+		return nil, fmt.Errorf("%w: %s (pass --config with a configList/resourceList file, e.g. config.json of deployments/10-configmap.yaml)", ErrNoConfig, path)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read pool config: %w", err)

@@ -181,8 +181,8 @@ func (v *value) integer() (int64, error) {
 	return i, nil
 }
 
-// strings returns a list of strings; a single string is accepted as a list
-// of one, as the upstream plugins do not.
+// strings returns a list of strings. A single string is accepted as a
+// list of one, which the upstream plugins would refuse.
 func (v *value) strings() ([]string, error) {
 	arr, err := v.list()
 	if err != nil {
@@ -202,10 +202,10 @@ func (v *value) strings() ([]string, error) {
 	return out, nil
 }
 
-// fields matches o's keys case-insensitively against known (lower-case
-// key → canonical spelling) and returns the values by canonical key. A key
-// in unsupported gets its own explanation; any other unknown key is an
-// error that lists what is accepted.
+// fields matches o's keys case-insensitively against known (the keys in
+// their canonical spelling) and returns the values by canonical key. A key
+// in unsupported (by lower-case spelling) gets its own explanation; any
+// other unknown key is an error that lists what is accepted.
 func (o *object) fields(path string, known []string, unsupported map[string]string) (map[string]*value, error) {
 	byLower := make(map[string]string, len(known))
 	for _, k := range known {

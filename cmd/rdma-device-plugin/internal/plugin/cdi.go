@@ -12,6 +12,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
 // cdiSpecVersion is the lowest CDI version with DeviceNode.HostPath (0.5.0),
@@ -29,16 +30,16 @@ func CDISpecPath(dir, prefix, name string) string {
 
 // CDIDeviceName is the fully qualified CDI name of one PCI function of a
 // pool: "<prefix>/<name>=<bdf>".
-func CDIDeviceName(p *Pool, bdf string) string { return p.ResourceName() + "=" + bdf }
+func CDIDeviceName(p *pool.Pool, bdf string) string { return p.ResourceName() + "=" + bdf }
 
 // cdiSpec builds the spec of a pool: one CDI device per PCI function with
 // its char (or vfio) devices. Host paths are under root, the node root.
-func cdiSpec(p *Pool, root string) *cdispec.Spec {
+func cdiSpec(p *pool.Pool, rdmaCM, root string) *cdispec.Spec {
 	spec := &cdispec.Spec{Version: cdiSpecVersion, Kind: p.ResourceName(), Devices: []cdispec.Device{}}
 	for i := range p.Devices {
 		d := &p.Devices[i]
 		var nodes []*cdispec.DeviceNode
-		for _, path := range devicePaths(p, d) {
+		for _, path := range devicePaths(d, rdmaCM) {
 			nodes = append(nodes, &cdispec.DeviceNode{Path: path, HostPath: hostPath(root, path), Permissions: "rw"})
 		}
 		if len(nodes) == 0 {
@@ -52,21 +53,21 @@ func cdiSpec(p *Pool, root string) *cdispec.Spec {
 	return spec
 }
 
-// devicePaths are the host device nodes of one function of p (host paths
+// devicePaths are the host device nodes of one function (host paths
 // without --host-root).
-func devicePaths(p *Pool, d *nic.Device) []string {
+func devicePaths(d *nic.Device, rdmaCM string) []string {
 	if d.IsVFIO() {
 		return d.VFIODevices
 	}
-	return charDevicePaths(p, d)
+	return charDevicePaths(d, rdmaCM)
 }
 
-// charDevicePaths are the RDMA char devices of one function of p and,
+// charDevicePaths are the RDMA char devices of one function and,
 // when it has an RDMA device, the node's rdma_cm, last.
-func charDevicePaths(p *Pool, d *nic.Device) []string {
+func charDevicePaths(d *nic.Device, rdmaCM string) []string {
 	paths := d.CharDevicePaths()
-	if d.RDMADevice != "" && p.RDMACM != "" {
-		paths = append(paths, p.RDMACM)
+	if d.RDMADevice != "" && rdmaCM != "" {
+		paths = append(paths, rdmaCM)
 	}
 	return paths
 }
@@ -81,9 +82,9 @@ func hostPath(root, path string) string {
 }
 
 // writeCDISpec writes the pool's spec atomically.
-func writeCDISpec(dir string, p *Pool, root string) error {
+func writeCDISpec(dir string, p *pool.Pool, rdmaCM, root string) error {
 	path := CDISpecPath(dir, p.Prefix, p.Name)
-	data, err := json.MarshalIndent(cdiSpec(p, root), "", "  ")
+	data, err := json.MarshalIndent(cdiSpec(p, rdmaCM, root), "", "  ")
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
 // slot is one device as the kubelet sees it: a VF of an exclusive pool, or
@@ -29,7 +30,7 @@ type healthFunc func(d *nic.Device) bool
 
 // buildSlots turns a pool into the kubelet's device list. The order is
 // stable: exclusive slots by PCI address, shared slots by index.
-func buildSlots(p *Pool, healthy healthFunc) []slot {
+func buildSlots(p *pool.Pool, healthy healthFunc) []slot {
 	devs := make([]*nic.Device, len(p.Devices))
 	for i := range p.Devices {
 		devs[i] = &p.Devices[i]
@@ -43,7 +44,7 @@ func buildSlots(p *Pool, healthy healthFunc) []slot {
 		}
 		return 0
 	})
-	if p.Kind == Shared {
+	if p.Kind == pool.Shared {
 		return sharedSlots(p, devs, healthy)
 	}
 	out := make([]slot, 0, len(devs))
@@ -60,7 +61,7 @@ func buildSlots(p *Pool, healthy healthFunc) []slot {
 	return out
 }
 
-func sharedSlots(p *Pool, hcas []*nic.Device, healthy healthFunc) []slot {
+func sharedSlots(p *pool.Pool, hcas []*nic.Device, healthy healthFunc) []slot {
 	if len(hcas) == 0 {
 		return nil
 	}

@@ -4,27 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"sort"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
-
-// KubeletSocket is the kubelet's registration socket in the device plugin
-// directory.
-const KubeletSocket = "kubelet.sock"
 
 // settleDelay is how long a burst of events in the kubelet directory is
 // let settle before the servers are reconciled with it.
@@ -32,7 +23,11 @@ const settleDelay = 20 * time.Millisecond
 
 // Scan is one result of scanning the host and building the pools.
 type Scan struct {
-	Pools []Pool
+	Pools []pool.Pool
+	// RDMACM is the node's rdma_cm (nic.Snapshot.RDMACM, a host path; ""
+	// when the node has none): a container given an RDMA device of any
+	// pool gets it too.
+	RDMACM string
 	// Interval is the periodic rescan interval; 0 turns it off.
 	Interval time.Duration
 }
@@ -54,13 +49,18 @@ type Options struct {
 	// specs are under it, never under HostRoot, which is a path inside
 	// the plugin's container.
 	NodeRoot   string
-	DevInfoDir string // "" disables device-info files
-	CDIDir     string // "" disables CDI
-	ConfigPath string // watched for changes; "" = not watched
-	Scan       ScanFunc
-	Links      LinkSource // nil: no event-driven health
-	Metrics    *Metrics   // nil: no metrics
-	Log        *slog.Logger
+	DevInfoDir string   // "" disables device-info files
+	CDIDir     string   // "" disables CDI
+	ConfigPath string   // watched for changes; "" = not watched
+	Scan       ScanFunc // rescans and config reloads; the first scan is Run's argument
+	// Serves picks the pools this Manager serves to the kubelet (nil:
+	// all of them). A pool is served by one API, never both: the pools it
+	// turns down are left to another (a DRA driver), and get no socket,
+	// no registration and no CDI spec from here.
+	Serves  func(p *pool.Pool) bool
+	Links   LinkSource // nil: no event-driven health
+	Metrics *Metrics   // nil: no metrics
+	Log     *slog.Logger
 	// RegisterTimeout bounds one Register call (default 5 s);
 	// RetryInterval is the wait before retrying a failed registration
 	// (default 200 ms).
@@ -74,12 +74,6 @@ type Options struct {
 	ReleaseMemory bool
 }
 
-// linkState is what netlink last told about an interface.
-type linkState struct {
-	up      bool
-	deleted bool
-}
-
 // Manager keeps one server per pool registered with the kubelet and their
 // device lists true. All state below is owned by the Run goroutine except
 // where a mutex says otherwise.
@@ -89,7 +83,8 @@ type Manager struct {
 	devInfo *devInfoStore
 
 	servers map[string]*server // by resource name
-	pools   map[string]Pool
+	pools   map[string]pool.Pool
+	rdmaCM  string // Scan.RDMACM of the last scan
 	links   map[string]linkState
 	// watched are the netdevs (VF and PF) of the pools' devices: the
 	// links whose events change health.
@@ -136,21 +131,16 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	return &Manager{
 		opts: opts, log: opts.Log, devInfo: newDevInfoStore(opts.DevInfoDir),
-		servers: map[string]*server{}, pools: map[string]Pool{}, links: map[string]linkState{}, watched: map[string]bool{},
+		servers: map[string]*server{}, pools: map[string]pool.Pool{}, links: map[string]linkState{}, watched: map[string]bool{},
 		registered: map[string]bool{}, allocated: map[string]bool{},
 	}, nil
 }
 
-func (m *Manager) kubeletSock() string { return filepath.Join(m.opts.KubeletDir, KubeletSocket) }
-
-// Run serves until ctx ends, then stops the servers and removes their
-// sockets, device-info files and CDI specs. It returns an error only when
-// it cannot start.
-func (m *Manager) Run(ctx context.Context) (err error) {
-	scan, err := m.opts.Scan(false)
-	if err != nil {
-		return err
-	}
+// Run serves first, the host's first scan, then keeps it true until ctx
+// ends; then it stops the servers and removes their sockets, device-info
+// files and CDI specs. It returns an error only when it cannot start.
+func (m *Manager) Run(ctx context.Context, first Scan) error {
+	scan := first
 	if st, err := os.Stat(m.opts.KubeletDir); err != nil || !st.IsDir() {
 		return fmt.Errorf("kubelet directory %s: not a directory (%v): mount the kubelet's device-plugins directory or set --kubelet-dir", m.opts.KubeletDir, err)
 	}
@@ -176,6 +166,7 @@ func (m *Manager) Run(ctx context.Context) (err error) {
 	defer stopLinks()
 	var links <-chan LinkEvent
 	if m.opts.Links != nil {
+		var err error
 		links, err = m.opts.Links.Subscribe(linkCtx)
 		if err != nil {
 			m.log.Warn("netlink unavailable; health follows periodic rescans only", "err", err)
@@ -296,20 +287,17 @@ func (m *Manager) releaseMemory() {
 // apply diffs a scan against the running servers: removed resources stop,
 // new ones are created (and started by reconcile), changed ones push a new
 // device list.
+//
+// The pools come from pkg/pool, which has checked their names (unique,
+// a DNS-subdomain prefix: what SocketName relies on), kinds and policies.
 func (m *Manager) apply(scan Scan) {
-	next := map[string]Pool{}
+	next := map[string]pool.Pool{}
 	for _, p := range scan.Pools {
-		if err := p.Validate(); err != nil {
-			m.log.Error("pool skipped", "err", err)
-			continue
+		if m.opts.Serves == nil || m.opts.Serves(&p) {
+			next[p.ResourceName()] = p
 		}
-		r := p.ResourceName()
-		if _, dup := next[r]; dup {
-			m.log.Error("pool skipped: resource defined twice", "resource", r)
-			continue
-		}
-		next[r] = p
 	}
+	m.rdmaCM = scan.RDMACM
 	for r, s := range m.servers {
 		if _, ok := next[r]; ok {
 			continue
@@ -351,14 +339,14 @@ func (m *Manager) apply(scan Scan) {
 		p := next[r]
 		slots := buildSlots(&p, m.healthy)
 		if m.opts.CDIDir != "" {
-			if err := writeCDISpec(m.opts.CDIDir, &p, m.opts.NodeRoot); err != nil {
+			if err := writeCDISpec(m.opts.CDIDir, &p, m.rdmaCM, m.opts.NodeRoot); err != nil {
 				m.log.Error("write CDI spec", "resource", r, "err", err)
 			}
 		}
 		m.pools[r] = p
 		s, ok := m.servers[r]
 		if !ok {
-			m.servers[r] = newServer(p, slots, m.log, m.opts.NodeRoot, m.devInfo, m.opts.CDIDir != "", m.opts.Metrics, m.markAllocated)
+			m.servers[r] = newServer(p, m.rdmaCM, slots, m.log, m.opts.NodeRoot, m.devInfo, m.opts.CDIDir != "", m.opts.Metrics, m.markAllocated)
 			m.log.Info("pool added", "resource", r, "kind", p.Kind, "devices", len(slots), "healthy", countHealthy(slots))
 			continue
 		}
@@ -367,11 +355,11 @@ func (m *Manager) apply(scan Scan) {
 }
 
 // updateServer pushes new slots and logs each device whose state changed.
-func (m *Manager) updateServer(r string, s *server, p Pool, slots []slot, why string) {
+func (m *Manager) updateServer(r string, s *server, p pool.Pool, slots []slot, why string) {
 	s.mu.Lock()
 	old := s.slots
 	s.mu.Unlock()
-	if !s.update(p, slots) {
+	if !s.update(p, m.rdmaCM, slots) {
 		return
 	}
 	was := make(map[string]bool, len(old))
@@ -406,179 +394,6 @@ func countHealthy(slots []slot) int {
 	return n
 }
 
-// linkEvent records a link change and refreshes health.
-func (m *Manager) linkEvent(ev LinkEvent) {
-	old, known := m.links[ev.Name]
-	st := linkState{up: ev.Up && !ev.Deleted, deleted: ev.Deleted}
-	if !m.watched[ev.Name] {
-		// Not a netdev of any pool (a pod's veth, another NIC): no
-		// health depends on it. Its state is kept while it exists, for a
-		// rescan that adds it to a pool. Pod churn on the node would
-		// otherwise grow the map by a name per pod and rebuild every
-		// pool's device list on each of their events.
-		if ev.Deleted {
-			delete(m.links, ev.Name)
-		} else {
-			m.links[ev.Name] = st
-		}
-		return
-	}
-	m.links[ev.Name] = st
-	if known && old == st {
-		return
-	}
-	for r, s := range m.servers {
-		p := m.pools[r]
-		m.updateServer(r, s, p, buildSlots(&p, m.healthy), "link "+ev.Name)
-	}
-}
-
-// healthy decides a function's health from the last link events: a PF
-// that is oper-down or gone takes its VFs down with it; a VF whose netdev
-// left the host netns is unhealthy unless the kubelet allocated it (a CNI
-// moved the netdev into the pod) and its PCI function still exists.
-// Interfaces netlink never mentioned are taken as healthy.
-func (m *Manager) healthy(d *nic.Device) bool {
-	if d.PFNetdev != "" {
-		if st, ok := m.links[d.PFNetdev]; ok && (!st.up || st.deleted) {
-			return false
-		}
-	}
-	if d.IsVF() && d.Netdev != "" {
-		if st, ok := m.links[d.Netdev]; ok && st.deleted {
-			if !m.isAllocated(d.PCIAddress) || !m.pciExists(d.PCIAddress) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func (m *Manager) pciExists(addr string) bool {
-	_, err := os.Lstat(filepath.Join(m.opts.HostRoot, "sys", "bus", "pci", "devices", addr))
-	return err == nil
-}
-
-func (m *Manager) markAllocated(ids []string) {
-	m.allocMu.Lock()
-	defer m.allocMu.Unlock()
-	for _, id := range ids {
-		m.allocated[id] = true
-	}
-}
-
-func (m *Manager) isAllocated(id string) bool {
-	m.allocMu.Lock()
-	defer m.allocMu.Unlock()
-	return m.allocated[id]
-}
-
-// fileID identifies a file across removal and recreation.
-type fileID struct {
-	dev, ino uint64
-	ctime    int64
-}
-
-func statID(path string) (fileID, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return fileID{}, err
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fileID{}, fmt.Errorf("stat %s: no inode", path)
-	}
-	return fileID{dev: uint64(sys.Dev), ino: sys.Ino, ctime: sys.Ctim.Nano()}, nil
-}
-
-// reconcile makes the servers match the kubelet: without kubelet.sock they
-// are stopped; when kubelet.sock is a new file (inode and ctime), all are
-// restarted and registered; a server whose socket is missing is restarted
-// and registered. It reports whether every server is registered (false
-// schedules a retry).
-func (m *Manager) reconcile(ctx context.Context) bool {
-	id, err := statID(m.kubeletSock())
-	if err != nil {
-		if m.kubelet != (fileID{}) || len(m.registered) > 0 {
-			m.log.Info("kubelet socket gone; waiting for the kubelet", "socket", m.kubeletSock())
-		}
-		for _, s := range m.servers {
-			s.stop()
-		}
-		m.kubelet = fileID{}
-		clear(m.registered)
-		return true // the Create event of kubelet.sock wakes us
-	}
-	restartAll := id != m.kubelet || m.kubeletGone
-	m.kubeletGone = false
-	if restartAll && m.kubelet != (fileID{}) {
-		m.log.Info("kubelet restarted; re-registering", "socket", m.kubeletSock())
-	}
-	m.kubelet = id
-	var todo []string
-	for r, s := range m.servers {
-		p := m.pools[r]
-		sock := filepath.Join(m.opts.KubeletDir, SocketName(p.Prefix, p.Name))
-		_, serr := os.Lstat(sock)
-		switch {
-		case restartAll, s.socket() == "", errors.Is(serr, fs.ErrNotExist):
-			if s.socket() != "" && !restartAll {
-				m.log.Info("our socket was removed; restarting", "resource", r, "socket", sock)
-			}
-			s.stop()
-			delete(m.registered, r)
-			if err := s.start(sock); err != nil {
-				m.log.Error("start device plugin server", "resource", r, "err", err)
-				continue
-			}
-			todo = append(todo, r)
-		case !m.registered[r]:
-			todo = append(todo, r)
-		}
-	}
-	if len(todo) == 0 {
-		return len(m.registered) == len(m.servers)
-	}
-	sort.Strings(todo)
-	conn, err := grpc.NewClient("unix://"+m.kubeletSock(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		m.log.Error("connect to kubelet", "socket", m.kubeletSock(), "err", err)
-		return false
-	}
-	defer conn.Close()
-	client := pluginapi.NewRegistrationClient(conn)
-	ok := true
-	for _, r := range todo {
-		p := m.pools[r]
-		rctx, cancel := context.WithTimeout(ctx, m.opts.RegisterTimeout)
-		_, err := client.Register(rctx, &pluginapi.RegisterRequest{
-			Version:      pluginapi.Version,
-			Endpoint:     SocketName(p.Prefix, p.Name),
-			ResourceName: r,
-			Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
-		})
-		cancel()
-		m.opts.Metrics.registered(r, err)
-		if err != nil {
-			m.log.Warn("register with kubelet failed; will retry", "resource", r, "err", err)
-			ok = false
-			continue
-		}
-		// The kubelet empties the directory when it starts: if that
-		// happened between our check and the call, the registration
-		// names a socket that is gone. Retry; the Remove event restarts
-		// the server.
-		if _, err := os.Lstat(filepath.Join(m.opts.KubeletDir, SocketName(p.Prefix, p.Name))); err != nil {
-			m.log.Info("socket removed while registering; will retry", "resource", r)
-			ok = false
-			continue
-		}
-		m.registered[r] = true
-		m.log.Info("registered with kubelet", "resource", r, "socket", SocketName(p.Prefix, p.Name))
-	}
-	return ok && len(m.registered) == len(m.servers)
-}
-
 // shutdown stops every server and removes what the plugin wrote.
 func (m *Manager) shutdown() {
 	for r, s := range m.servers {
@@ -595,31 +410,3 @@ func (m *Manager) shutdown() {
 	}
 	m.log.Info("stopped; sockets, device-info files and CDI specs removed")
 }
-
-// ticker is a time.Ticker that can be off (interval 0).
-type ticker struct{ t *time.Ticker }
-
-func newTicker(d time.Duration) *ticker {
-	t := &ticker{}
-	t.reset(d)
-	return t
-}
-
-func (t *ticker) reset(d time.Duration) {
-	if t.t != nil {
-		t.t.Stop()
-		t.t = nil
-	}
-	if d > 0 {
-		t.t = time.NewTicker(d)
-	}
-}
-
-func (t *ticker) c() <-chan time.Time {
-	if t.t == nil {
-		return nil
-	}
-	return t.t.C
-}
-
-func (t *ticker) stop() { t.reset(0) }

@@ -102,13 +102,7 @@ func (m *Metrics) rescanned(d time.Duration) {
 	m.rescan.Observe(d.Seconds())
 }
 
-// Handler serves /metrics and /healthz.
+// Handler serves the metrics in the Prometheus exposition formats.
 func (m *Metrics) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	return mux
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
 }

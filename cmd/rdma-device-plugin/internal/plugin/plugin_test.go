@@ -21,6 +21,8 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 func fixtureRoot(name string) string {
@@ -40,10 +42,11 @@ func scanFixture(t testing.TB, name string) *nic.Snapshot {
 
 // dgxPools: the 32 compute VFs (exclusive, spread) and the two NUMA-0
 // storage ports (shared, 4 containers).
-func dgxPools(t testing.TB) []Pool {
+func dgxPools(t testing.TB) []pool.Pool {
 	snap := scanFixture(t, "dgx-h100")
-	rails := Pool{Prefix: "mellanox.com", Name: "rails", Kind: Exclusive, AllocationPolicy: PolicySpread, RDMACM: snap.RDMACM}
-	storage := Pool{Prefix: "mellanox.com", Name: "storage", Kind: Shared, RdmaHcaMax: 4, RDMACM: snap.RDMACM}
+	require.Equal(t, rdma.RDMACMPath, snap.RDMACM)
+	rails := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "rails", Kind: pool.Exclusive, AllocationPolicy: pool.PolicySpread}}
+	storage := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "storage", Kind: pool.Shared, RdmaHcaMax: 4}}
 	for _, d := range snap.Devices {
 		switch {
 		case d.IsVF() && d.DeviceID == "101e":
@@ -54,7 +57,7 @@ func dgxPools(t testing.TB) []Pool {
 	}
 	require.Len(t, rails.Devices, 32)
 	require.Len(t, storage.Devices, 2)
-	return []Pool{rails, storage}
+	return []pool.Pool{rails, storage}
 }
 
 // source is a ScanFunc whose answer tests change.
@@ -64,7 +67,7 @@ type source struct {
 	calls int
 }
 
-func (s *source) set(pools ...Pool) {
+func (s *source) set(pools ...pool.Pool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.scan.Pools = pools
@@ -89,11 +92,12 @@ type harness struct {
 	errc   chan error
 }
 
-func newHarness(t testing.TB, mod func(*Options), pools ...Pool) *harness {
+func newHarness(t testing.TB, mod func(*Options), pools ...pool.Pool) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	h := &harness{t: t, dir: dir, stub: kubeletstub.New(dir), src: &source{}, links: NewChanLinks(), errc: make(chan error, 1)}
 	h.src.set(pools...)
+	h.src.scan.RDMACM = rdma.RDMACMPath
 	require.NoError(t, h.stub.Start())
 	t.Cleanup(h.stub.Stop)
 	h.opts = Options{
@@ -113,7 +117,10 @@ func (h *harness) run() {
 	h.m = m
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	go func() { h.errc <- m.Run(ctx) }()
+	// The first scan is Run's, as serve.go makes it.
+	first, err := h.src.fn(false)
+	require.NoError(h.t, err)
+	go func() { h.errc <- m.Run(ctx, first) }()
 	h.t.Cleanup(func() { h.stop() })
 }
 
@@ -220,9 +227,10 @@ func TestNames(t *testing.T) {
 			require.Equal(t, tc.sock, SocketName(tc.prefix, tc.name))
 		})
 	}
-	// Prefixes have no "_", so the socket name determines prefix and name.
-	require.Error(t, (&Pool{Prefix: "a_b", Name: "c", Kind: Exclusive}).Validate())
-	require.NoError(t, (&Pool{Prefix: "a.b", Name: "c_d", Kind: Exclusive}).Validate())
+	// Prefixes have no "_" (pkg/pool refuses one), so the socket name
+	// determines prefix and name.
+	_, err := pool.Parse([]byte(`{"resourceList":[{"resourcePrefix":"a_b","resourceName":"c","selectors":{"vendors":["15b3"]}}]}`))
+	require.ErrorContains(t, err, `resource prefix "a_b" is not a DNS subdomain`)
 	require.NotEqual(t, SocketName("a.b", "c"), SocketName("a", "b.c"))
 }
 
@@ -474,6 +482,25 @@ func TestHostRootNotHandedOut(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, string(data), fixtureRoot("dgx-h100"))
 	require.Contains(t, string(data), `"hostPath": "/dev/infiniband/uverbs14"`)
+}
+
+// A pool that Serves turns down (left to another API) gets nothing from
+// the Manager: no socket, no registration, no CDI spec.
+func TestServesPicksPools(t *testing.T) {
+	cdiDir := filepath.Join(t.TempDir(), "cdi")
+	h := newHarness(t, func(o *Options) {
+		o.CDIDir = cdiDir
+		o.Serves = func(p *pool.Pool) bool { return p.Kind == pool.Exclusive }
+	}, dgxPools(t)...)
+	h.run()
+	h.registered("mellanox.com/rails")
+	_, err := h.stub.WaitRegistration(300 * time.Millisecond)
+	require.Error(t, err, "the shared pool is not registered")
+	_, err = os.Stat(filepath.Join(h.dir, "mellanox.com_storage.sock"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+	specs, err := filepath.Glob(filepath.Join(cdiDir, "*"))
+	require.NoError(t, err)
+	require.Equal(t, []string{filepath.Join(cdiDir, "fastpath-mellanox.com_rails.json")}, specs)
 }
 
 func TestHealthEvents(t *testing.T) {

@@ -3,6 +3,8 @@ package plugin
 import (
 	"cmp"
 	"slices"
+
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
 // candidate is what preferred allocation needs to know about a device.
@@ -96,7 +98,7 @@ func pickNUMA(rest []candidate, numaUse map[int]int, need int, policy string) in
 		pfs[c.NUMA][c.PF] = true
 	}
 	capacity := func(node int) int {
-		if policy == PolicySpread {
+		if policy == pool.PolicySpread {
 			return len(pfs[node])
 		}
 		return devs[node]
@@ -135,7 +137,7 @@ func pickNUMA(rest []candidate, numaUse map[int]int, need int, policy string) in
 // then the chosen node, then the least used PF. pack: the chosen node, then
 // PFs already used, then the PF with most VFs left.
 func better(a, b candidate, node int, policy string, pfUse, pfFree map[string]int) bool {
-	if policy == PolicySpread && a.PF != b.PF && (pfUse[a.PF] == 0) != (pfUse[b.PF] == 0) {
+	if policy == pool.PolicySpread && a.PF != b.PF && (pfUse[a.PF] == 0) != (pfUse[b.PF] == 0) {
 		return pfUse[a.PF] == 0
 	}
 	if (a.NUMA == node) != (b.NUMA == node) {
@@ -143,7 +145,7 @@ func better(a, b candidate, node int, policy string, pfUse, pfFree map[string]in
 	}
 	if a.PF != b.PF {
 		ua, ub := pfUse[a.PF], pfUse[b.PF]
-		if policy == PolicySpread {
+		if policy == pool.PolicySpread {
 			if ua != ub {
 				return ua < ub
 			}

@@ -10,6 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 func openFDs(t testing.TB) int {
@@ -147,7 +150,7 @@ func TestMembershipAndConfigChange(t *testing.T) {
 func TestPeriodicRescan(t *testing.T) {
 	pools := dgxPools(t)
 	h := newHarness(t, nil)
-	h.src.scan = Scan{Pools: []Pool{pools[0]}, Interval: 20 * time.Millisecond}
+	h.src.scan = Scan{Pools: []pool.Pool{pools[0]}, RDMACM: rdma.RDMACMPath, Interval: 20 * time.Millisecond}
 	h.run()
 	h.registered("mellanox.com/rails")
 	w := h.watch(h.client("mellanox.com_rails.sock"))

@@ -21,6 +21,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
 // rdmaPort is the RDMA port named in NCCL_IB_HCA / UCX_NET_DEVICES. Every
@@ -39,10 +40,13 @@ type server struct {
 	metrics *Metrics
 	onAlloc func(ids []string)
 
-	mu    sync.Mutex // guards the fields below
-	pool  Pool
-	slots []slot
-	byID  map[string]int
+	mu  sync.Mutex // guards the fields below
+	res pool.Pool
+	// rdmaCM is the node's rdma_cm (Scan.RDMACM): a container given an
+	// RDMA device gets it too.
+	rdmaCM string
+	slots  []slot
+	byID   map[string]int
 	// changed is closed (and replaced) whenever slots change.
 	changed chan struct{}
 	grpc    *grpc.Server
@@ -52,20 +56,20 @@ type server struct {
 
 var _ pluginapi.DevicePluginServer = (*server)(nil)
 
-func newServer(p Pool, slots []slot, log *slog.Logger, root string, di *devInfoStore, cdi bool, m *Metrics, onAlloc func([]string)) *server {
+func newServer(p pool.Pool, rdmaCM string, slots []slot, log *slog.Logger, root string, di *devInfoStore, cdi bool, m *Metrics, onAlloc func([]string)) *server {
 	s := &server{log: log.With("resource", p.ResourceName()), root: root, devInfo: di, cdi: cdi, metrics: m,
 		onAlloc: onAlloc, changed: make(chan struct{})}
-	s.setLocked(p, slots)
+	s.setLocked(p, rdmaCM, slots)
 	return s
 }
 
 // update replaces the pool and its device list and wakes ListAndWatch
 // streams when the kubelet's view changed. It reports whether it did.
-func (s *server) update(p Pool, slots []slot) bool {
+func (s *server) update(p pool.Pool, rdmaCM string, slots []slot) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	same := sameSlots(s.slots, slots)
-	s.setLocked(p, slots)
+	s.setLocked(p, rdmaCM, slots)
 	if !same {
 		close(s.changed)
 		s.changed = make(chan struct{})
@@ -73,8 +77,8 @@ func (s *server) update(p Pool, slots []slot) bool {
 	return !same
 }
 
-func (s *server) setLocked(p Pool, slots []slot) {
-	s.pool = p
+func (s *server) setLocked(p pool.Pool, rdmaCM string, slots []slot) {
+	s.res, s.rdmaCM = p, rdmaCM
 	s.slots = slots
 	s.byID = make(map[string]int, len(slots))
 	for i := range slots {
@@ -89,7 +93,8 @@ func (s *server) setLocked(p Pool, slots []slot) {
 	s.metrics.setDevices(p.ResourceName(), len(slots), healthy)
 }
 
-// start listens on sock and serves. The caller removes a stale file first.
+// start removes a stale file at sock (a socket of an earlier run), listens
+// on it and serves.
 func (s *server) start(sock string) error {
 	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("socket %s: remove stale: %w", sock, err)
@@ -195,8 +200,8 @@ func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 		sl := &s.slots[i]
 		all[sl.ID] = candidate{ID: sl.ID, NUMA: sl.NUMA, PF: sl.PF}
 	}
-	policy := s.pool.AllocationPolicy
-	name := s.pool.ResourceName()
+	policy := s.res.AllocationPolicy
+	name := s.res.ResourceName()
 	s.mu.Unlock()
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for i, cr := range req.ContainerRequests {
@@ -236,7 +241,7 @@ type DeviceInfo struct {
 
 func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	s.mu.Lock()
-	p := s.pool
+	p, rdmaCM := s.res, s.rdmaCM
 	fns, err := s.resolveLocked(req)
 	s.mu.Unlock()
 	if err != nil {
@@ -245,9 +250,9 @@ func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 
 	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, len(fns))}
 	for i, devs := range fns {
-		resp.ContainerResponses[i] = s.containerResponse(&p, devs)
+		resp.ContainerResponses[i] = s.containerResponse(&p, rdmaCM, devs)
 	}
-	if p.Kind == Exclusive {
+	if p.Kind == pool.Exclusive {
 		for _, devs := range fns {
 			for _, d := range devs {
 				if err := s.devInfo.write(p.Prefix, p.Name, d); err != nil {
@@ -274,7 +279,7 @@ func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 // asked for twice — in one container or in two containers of the call — is
 // an error.
 func (s *server) resolveLocked(req *pluginapi.AllocateRequest) ([][]*nic.Device, error) {
-	name := s.pool.ResourceName()
+	name := s.res.ResourceName()
 	total := 0
 	for _, cr := range req.ContainerRequests {
 		total += len(cr.DevicesIds)
@@ -323,7 +328,7 @@ func (s *server) resolveLocked(req *pluginapi.AllocateRequest) ([][]*nic.Device,
 // to AF_INET6) — the index is not stable across hosts or address changes,
 // so hard-coding one would be wrong as soon as an address is added.
 // InfiniBand ports do not need a GID index.
-func (s *server) containerResponse(p *Pool, devs []*nic.Device) *pluginapi.ContainerAllocateResponse {
+func (s *server) containerResponse(p *pool.Pool, rdmaCM string, devs []*nic.Device) *pluginapi.ContainerAllocateResponse {
 	cr := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{}}
 	env := EnvName(p.Prefix, p.Name)
 	addrs := make([]string, 0, len(devs))
@@ -333,14 +338,14 @@ func (s *server) containerResponse(p *Pool, devs []*nic.Device) *pluginapi.Conta
 	for _, d := range devs {
 		addrs = append(addrs, d.PCIAddress)
 		info[d.PCIAddress] = DeviceInfo{
-			PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, CharDevices: charDevicePaths(p, d), VFIODevices: d.VFIODevices,
+			PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, CharDevices: charDevicePaths(d, rdmaCM), VFIODevices: d.VFIODevices,
 			Netdev: d.Netdev, PFPCIAddress: d.PFAddress, PFNetdev: d.PFNetdev, LinkType: d.LinkType, NUMANode: d.NUMANode,
 		}
 		if d.RDMADevice != "" && !d.IsVFIO() {
 			hcas = append(hcas, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 			ucx = append(ucx, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 		}
-		for _, path := range devicePaths(p, d) {
+		for _, path := range devicePaths(d, rdmaCM) {
 			if seen[path] {
 				continue
 			}

@@ -1,0 +1,81 @@
+package plugin
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
+)
+
+// linkState is what netlink last told about an interface.
+type linkState struct {
+	up      bool
+	deleted bool
+}
+
+// linkEvent records a link change and refreshes health.
+func (m *Manager) linkEvent(ev LinkEvent) {
+	old, known := m.links[ev.Name]
+	st := linkState{up: ev.Up && !ev.Deleted, deleted: ev.Deleted}
+	if !m.watched[ev.Name] {
+		// Not a netdev of any pool (a pod's veth, another NIC): no
+		// health depends on it. Its state is kept while it exists, for a
+		// rescan that adds it to a pool. Pod churn on the node would
+		// otherwise grow the map by a name per pod and rebuild every
+		// pool's device list on each of their events.
+		if ev.Deleted {
+			delete(m.links, ev.Name)
+		} else {
+			m.links[ev.Name] = st
+		}
+		return
+	}
+	m.links[ev.Name] = st
+	if known && old == st {
+		return
+	}
+	for r, s := range m.servers {
+		p := m.pools[r]
+		m.updateServer(r, s, p, buildSlots(&p, m.healthy), "link "+ev.Name)
+	}
+}
+
+// healthy decides a function's health from the last link events: a PF
+// that is oper-down or gone takes its VFs down with it; a VF whose netdev
+// left the host netns is unhealthy unless the kubelet allocated it (a CNI
+// moved the netdev into the pod) and its PCI function still exists.
+// Interfaces netlink never mentioned are taken as healthy.
+func (m *Manager) healthy(d *nic.Device) bool {
+	if d.PFNetdev != "" {
+		if st, ok := m.links[d.PFNetdev]; ok && (!st.up || st.deleted) {
+			return false
+		}
+	}
+	if d.IsVF() && d.Netdev != "" {
+		if st, ok := m.links[d.Netdev]; ok && st.deleted {
+			if !m.isAllocated(d.PCIAddress) || !m.pciExists(d.PCIAddress) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (m *Manager) pciExists(addr string) bool {
+	_, err := os.Lstat(filepath.Join(m.opts.HostRoot, "sys", "bus", "pci", "devices", addr))
+	return err == nil
+}
+
+func (m *Manager) markAllocated(ids []string) {
+	m.allocMu.Lock()
+	defer m.allocMu.Unlock()
+	for _, id := range ids {
+		m.allocated[id] = true
+	}
+}
+
+func (m *Manager) isAllocated(id string) bool {
+	m.allocMu.Lock()
+	defer m.allocMu.Unlock()
+	return m.allocated[id]
+}
