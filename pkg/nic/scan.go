@@ -9,6 +9,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
 // Snapshot is one scan of a node: every Mellanox NIC function, sorted by
@@ -88,10 +89,21 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	if nodesErr != nil {
 		return nil, nodesErr
 	}
-	var mu sync.Mutex // guards rdmaOf
+	var mu sync.Mutex // guards rdmaOf and pfs
 	rdmaOf := map[string][]rdma.Device{}
+	pfs := map[string]sriov.PF{}
 	fns, err := s.pci.ScanEach(isMellanox, func(f *pci.Function, dir pci.Dir) error {
-		if !f.IsNIC() || f.Driver == "" || f.Driver == pci.DriverVFIO {
+		if !f.IsNIC() {
+			return nil
+		}
+		if !f.IsVF() {
+			if pf, ok := sriov.ReadPF(dir); ok {
+				mu.Lock()
+				pfs[f.Address] = pf
+				mu.Unlock()
+			}
+		}
+		if f.Driver == "" || f.Driver == pci.DriverVFIO {
 			return nil
 		}
 		devs, err := s.rdma.DevicesForScan(dir, f.Address, idx)
@@ -114,6 +126,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	if nodes.Has(rdma.RDMACMPath) {
 		snap.RDMACM = rdma.RDMACMPath
 	}
+	vfs := sriov.IndexVFs(pfs)
 	var class map[string][]rdma.CharDevice
 	hasRDMA := false
 	for i := range fns {
@@ -122,8 +135,10 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 			continue
 		}
 		var pf *pci.Function
+		vfIndex := -1
 		if f.IsVF() {
 			pf = byAddr[f.PhysFn]
+			vfIndex = vfs.Index(f.PhysFn, f.Address)
 		}
 		devs := rdmaOf[f.Address]
 		if len(devs) > 0 && len(devs[0].CharDevices) == 0 {
@@ -134,7 +149,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 			}
 			devs[0].CharDevices = class[devs[0].Name]
 		}
-		d, warns := s.device(f, pf, devs, nodes)
+		d, warns := s.device(f, pf, pfs[f.Address], vfIndex, devs, nodes)
 		snap.Devices = append(snap.Devices, d)
 		snap.Warnings = append(snap.Warnings, warns...)
 		hasRDMA = hasRDMA || d.RDMADevice != ""
@@ -156,12 +171,21 @@ func (s *Scanner) Device(addr string) (Device, error) {
 		return Device{}, fmt.Errorf("pci %s: %s:%s class %s is not a Mellanox NIC function", addr, f.Vendor, f.Device, f.Class)
 	}
 	var pf *pci.Function
+	var sr sriov.PF
+	vfIndex := -1
 	if f.IsVF() {
 		p, err := s.pci.Function(f.PhysFn)
 		if err != nil {
 			return Device{}, fmt.Errorf("pci %s: read PF: %w", addr, err)
 		}
 		pf = &p
+		psr, _, err := sriov.ReadPFOf(pf)
+		if err != nil {
+			return Device{}, fmt.Errorf("pci %s: read PF: %w", addr, err)
+		}
+		vfIndex = psr.Index(addr)
+	} else if sr, _, err = sriov.ReadPFOf(&f); err != nil {
+		return Device{}, err
 	}
 	var devs []rdma.Device
 	if f.Driver != "" && f.Driver != pci.DriverVFIO {
@@ -180,15 +204,18 @@ func (s *Scanner) Device(addr string) (Device, error) {
 	if err != nil {
 		return Device{}, err
 	}
-	d, _ := s.device(&f, pf, devs, nodes)
+	d, _ := s.device(&f, pf, sr, vfIndex, devs, nodes)
 	return d, nil
 }
 
-func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes rdma.DevNodes) (Device, []string) {
+// device joins what was read about one function: f, its PF (VFs), its
+// own SR-IOV capability sr (PFs), its index under its PF (VFs, -1 when
+// its PF does not list it) and its RDMA devices.
+func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []rdma.Device, nodes rdma.DevNodes) (Device, []string) {
 	d := Device{
 		PCIAddress: f.Address, Vendor: f.Vendor, DeviceID: f.Device, Class: f.Class,
 		Model: s.names.Model(f.Vendor, f.Device), Driver: f.Driver, NUMANode: f.NUMANode,
-		PFAddress: f.PhysFn, VFIndex: f.VFIndex, TotalVFs: f.TotalVFs, NumVFs: f.NumVFs,
+		PFAddress: f.PhysFn, VFIndex: vfIndex, TotalVFs: sr.TotalVFs, NumVFs: sr.NumVFs,
 		UpstreamBridges: f.Bridges, RootComplex: f.RootComplex,
 		CharDevices: []rdma.CharDevice{},
 	}
@@ -203,7 +230,7 @@ func (s *Scanner) device(f, pf *pci.Function, devs []rdma.Device, nodes rdma.Dev
 		}
 	}
 	d.PFNetdev = d.Netdev
-	if f.IsVF() && f.VFIndex < 0 {
+	if f.IsVF() && vfIndex < 0 {
 		warn("its PF %s does not list it among its virtfnN links (VFs being changed?); no VF index", f.PhysFn)
 	}
 	if pf != nil {

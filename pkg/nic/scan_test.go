@@ -152,3 +152,39 @@ func TestRDMACMOnSnapshot(t *testing.T) {
 	require.Equal(t, []string{"/dev/infiniband/rdma_cm missing (is rdma_ucm loaded?)"}, s.Warnings)
 	require.Len(t, s.Devices[0].CharDevices, 3, "the devices' own char devices are still there")
 }
+
+// The PF↔VF relation: a PF's counts, each VF's index under it, and a VF
+// its PF no longer lists (VFs being disabled) kept with a warning, in a
+// node scan and in a single lookup alike.
+func TestVFIndexes(t *testing.T) {
+	r := t.TempDir()
+	require.NoError(t, fixture.Generate(r, 1, 3))
+	pf, vf1, vf2 := fixture.PCIAddress(0, 0x10, 0, 0), fixture.VFAddress(0x10, 1), fixture.VFAddress(0x10, 2)
+	sc := nic.NewScanner(r)
+	check := func(want1 int) {
+		t.Helper()
+		s, err := sc.Scan()
+		require.NoError(t, err)
+		p := dev(t, s, pf)
+		require.Equal(t, 3, p.TotalVFs)
+		require.Equal(t, 3, p.NumVFs)
+		require.Equal(t, -1, p.VFIndex)
+		require.Equal(t, want1, dev(t, s, vf1).VFIndex)
+		one, err := sc.Device(vf1)
+		require.NoError(t, err)
+		require.Equal(t, want1, one.VFIndex)
+		one, err = sc.Device(pf)
+		require.NoError(t, err)
+		require.Equal(t, 3, one.TotalVFs)
+		if want1 < 0 {
+			require.Contains(t, s.Warnings, vf1+": its PF "+pf+" does not list it among its virtfnN links (VFs being changed?); no VF index")
+			require.Equal(t, -1, dev(t, s, vf2).VFIndex, "nothing after the gap is indexed")
+		} else {
+			require.Empty(t, s.Warnings)
+			require.Equal(t, 2, dev(t, s, vf2).VFIndex)
+		}
+	}
+	check(1)
+	require.NoError(t, os.Remove(filepath.Join(r, "sys/bus/pci/devices", pf, "virtfn1")))
+	check(-1)
+}

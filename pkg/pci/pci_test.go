@@ -35,18 +35,15 @@ func TestScanDGX(t *testing.T) {
 	require.Equal(t, 0, pf.NUMANode)
 	require.True(t, pf.IsNIC())
 	require.False(t, pf.IsVF())
-	require.Equal(t, 16, pf.TotalVFs)
-	require.Equal(t, 4, pf.NumVFs)
-	require.Equal(t, []string{"0000:18:00.1", "0000:18:00.2", "0000:18:00.3", "0000:18:00.4"}, pf.VFs)
 	require.Equal(t, []string{"ibp24s0"}, pf.Netdevs)
 	require.Equal(t, []string{"0000:17:00.0", "0000:16:00.0", "0000:15:01.0"}, pf.Bridges)
 	require.Equal(t, "pci0000:15", pf.RootComplex)
-	require.Equal(t, -1, pf.VFIndex)
+	require.Equal(t, "", pf.PhysFn)
 
 	vf := m["0000:18:00.3"]
 	require.True(t, vf.IsVF())
 	require.Equal(t, "0000:18:00.0", vf.PhysFn)
-	require.Equal(t, 2, vf.VFIndex)
+	require.Equal(t, 0, vf.NUMANode, "a VF is on its PF's node")
 	require.Equal(t, "101e", vf.Device)
 	require.Equal(t, []string{"ibp24s0v2"}, vf.Netdevs)
 	require.Equal(t, pf.Bridges, vf.Bridges)
@@ -82,19 +79,15 @@ func TestScanEdge(t *testing.T) {
 	require.Equal(t, "vfio-pci", vfio.Driver)
 	require.Equal(t, "71", vfio.IOMMUGroup)
 	require.Empty(t, vfio.Netdevs)
-	require.Equal(t, 0, vfio.VFIndex)
+	require.Equal(t, "0000:86:00.0", vfio.PhysFn)
 	require.Equal(t, -1, vfio.NUMANode, "PF does not know either")
 	unbound := m["0000:86:00.2"]
 	require.Equal(t, "", unbound.Driver)
-	require.Equal(t, 1, unbound.VFIndex)
+	require.Equal(t, "0000:86:00.0", unbound.PhysFn)
 
 	sw := m["0000:af:00.0"]
 	require.Equal(t, []string{"enp175s0f0np0"}, sw.Netdevs)
 	require.Equal(t, []string{"eth4", "eth5"}, sw.Representors)
-	noVFs := m["0000:af:00.1"]
-	require.Equal(t, 8, noVFs.TotalVFs)
-	require.Equal(t, 0, noVFs.NumVFs)
-	require.Empty(t, noVFs.VFs)
 
 	bridge := m["0000:85:00.0"]
 	require.Equal(t, "15b3", bridge.Vendor)
@@ -108,7 +101,6 @@ func TestFunction(t *testing.T) {
 	vf, err := s.Function("0000:40:00.4")
 	require.NoError(t, err)
 	require.Equal(t, "0000:40:00.0", vf.PhysFn)
-	require.Equal(t, 3, vf.VFIndex)
 	require.Equal(t, []string{"ibp64s0v3"}, vf.Netdevs)
 
 	_, err = s.Function("0000:77:00.0")
@@ -200,21 +192,32 @@ func TestNamesFromPCIIDs(t *testing.T) {
 }
 
 func TestScanVFItsPFDoesNotList(t *testing.T) {
-	// VFs being disabled: the kernel removes the PF's virtfnN link first.
+	// VFs being disabled: the kernel removes the PF's virtfnN link first;
+	// the VF's physfn still names its PF, and it is still on its PF's node.
 	root := t.TempDir()
-	require.NoError(t, fixture.Generate(root, 1, 2))
-	pfDir := filepath.Join(root, "sys/bus/pci/devices", fixture.PCIAddress(0, 0x10, 0, 0))
-	require.NoError(t, os.Remove(filepath.Join(pfDir, "virtfn1")))
+	require.NoError(t, fixture.Generate(root, 2, 2))
+	pf := fixture.PCIAddress(0, 0x11, 0, 0)
+	require.NoError(t, os.Remove(filepath.Join(root, "sys/bus/pci/devices", pf, "virtfn1")))
 	fns, err := pci.New(root).Scan(nil)
 	require.NoError(t, err)
 	m := byAddr(t, fns)
-	require.Equal(t, []string{fixture.VFAddress(0x10, 0)}, m[fixture.PCIAddress(0, 0x10, 0, 0)].VFs)
-	vf := m[fixture.VFAddress(0x10, 1)]
-	require.Equal(t, fixture.PCIAddress(0, 0x10, 0, 0), vf.PhysFn, "physfn still names the PF")
-	require.Equal(t, -1, vf.VFIndex)
-	require.Equal(t, 0, vf.NUMANode, "its own numa_node is read")
-	require.Equal(t, m[fixture.PCIAddress(0, 0x10, 0, 0)].Bridges, vf.Bridges)
-	require.Equal(t, 0, m[fixture.VFAddress(0x10, 0)].VFIndex)
+	vf := m[fixture.VFAddress(0x11, 1)]
+	require.Equal(t, pf, vf.PhysFn, "physfn still names the PF")
+	require.Equal(t, 1, vf.NUMANode)
+	require.Equal(t, m[pf].Bridges, vf.Bridges)
+}
+
+// A VF whose PF is not in the scan (gone mid-scan) reads its own node.
+func TestScanVFWithoutItsPF(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, fixture.Generate(root, 2, 1))
+	pf := fixture.PCIAddress(0, 0x11, 0, 0)
+	require.NoError(t, os.Remove(filepath.Join(root, "sys/bus/pci/devices", pf)))
+	fns, err := pci.New(root).Scan(nil)
+	require.NoError(t, err)
+	m := byAddr(t, fns)
+	require.NotContains(t, m, pf)
+	require.Equal(t, 1, m[fixture.VFAddress(0x11, 0)].NUMANode)
 }
 
 func TestScanVFPhysfnGarbage(t *testing.T) {

@@ -1,0 +1,128 @@
+package pci
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+
+	"github.com/fastpath-k8s/fastpath/internal/sysfs"
+)
+
+// Function reads one function by address. A VF's NUMA node, when its own
+// file does not know it, is its PF's.
+func (s *Scanner) Function(addr string) (Function, error) {
+	if !ValidAddress(addr) {
+		return Function{}, fmt.Errorf("pci %q: not a PCI address (want DDDD:BB:DD.F)", addr)
+	}
+	bus, err := sysfs.Open(s.devicesDir())
+	if err != nil {
+		return Function{}, fmt.Errorf("pci %s: %w", addr, err)
+	}
+	defer bus.Close()
+	f, err := s.read(bus, addr)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return Function{}, fmt.Errorf("pci %s: %w", addr, ErrNotFound)
+		}
+		return Function{}, err
+	}
+	if f.IsVF() && f.NUMANode < 0 {
+		if n, err := readInt(bus, f.PhysFn+"/numa_node"); err == nil && n >= 0 {
+			f.NUMANode = n
+		}
+	}
+	return *f, nil
+}
+
+// read reads everything about the one function at addr.
+func (s *Scanner) read(bus sysfs.Dir, addr string) (*Function, error) {
+	f, err := s.resolve(bus, addr)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := bus.Sub(addr)
+	if err != nil {
+		return nil, fmt.Errorf("pci %s: %w", addr, err)
+	}
+	defer dir.Close()
+	if _, err := f.readIDs(dir, nil); err != nil {
+		return nil, err
+	}
+	if err := f.readPhysFn(dir); err != nil {
+		return nil, err
+	}
+	if g, err := dir.Readlink("iommu_group"); err == nil {
+		f.IOMMUGroup = filepath.Base(g)
+	}
+	f.readNUMA(dir)
+	names, err := dir.List("net")
+	if err != nil {
+		return nil, fmt.Errorf("pci %s: list netdevs: %w", addr, err)
+	}
+	readNetdevs(f, dir, names)
+	return f, nil
+}
+
+// readIDs reads vendor, device, class and driver: from uevent, the
+// kernel's one-read summary, or attribute by attribute from a tree without
+// it. It reports false when keep rejects the vendor.
+func (f *Function) readIDs(dir sysfs.Dir, keep func(string) bool) (bool, error) {
+	if f.fromUevent(dir) {
+		return keep == nil || keep(f.Vendor), nil
+	}
+	var err error
+	if f.Vendor, err = readHex(dir, "vendor"); err != nil {
+		return false, fmt.Errorf("pci %s: read vendor: %w", f.Address, err)
+	}
+	if keep != nil && !keep(f.Vendor) {
+		return false, nil
+	}
+	if f.Device, err = readHex(dir, "device"); err != nil {
+		return false, fmt.Errorf("pci %s: read device: %w", f.Address, err)
+	}
+	if f.Class, err = readClass(dir); err != nil {
+		return false, fmt.Errorf("pci %s: read class: %w", f.Address, err)
+	}
+	if drv, err := dir.Readlink("driver"); err == nil {
+		f.Driver = filepath.Base(drv)
+	}
+	return true, nil
+}
+
+// readPhysFn reads the physfn link a VF has to its PF.
+func (f *Function) readPhysFn(dir sysfs.Dir) error {
+	pf, err := dir.Readlink("physfn")
+	if err != nil {
+		return nil // not a VF
+	}
+	f.PhysFn = filepath.Base(pf)
+	if !ValidAddress(f.PhysFn) {
+		return fmt.Errorf("pci %s: physfn -> %q is not a PCI function", f.Address, pf)
+	}
+	return nil
+}
+
+// readNUMA reads the function's own NUMA node.
+func (f *Function) readNUMA(dir sysfs.Dir) {
+	if n, err := readInt(dir, "numa_node"); err == nil && n >= 0 {
+		f.NUMANode = n
+	}
+	f.numaRead = true
+}
+
+// readNetdevs sorts names (f's netdevs) into Netdevs and Representors.
+func readNetdevs(f *Function, dir sysfs.Dir, names []string) {
+	for _, name := range names {
+		// Only a PF (switchdev representors of its VFs and SFs) or a
+		// function with several netdevs can carry representors; a VF
+		// with one netdev skips reading phys_port_name.
+		if !f.IsVF() || len(names) > 1 {
+			if ppn, err := dir.Read("net/" + name + "/phys_port_name"); err == nil && IsRepresentor(string(ppn)) {
+				f.Representors = append(f.Representors, name)
+				continue
+			}
+		}
+		f.Netdevs = append(f.Netdevs, name)
+	}
+}

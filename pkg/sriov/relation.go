@@ -1,0 +1,127 @@
+package sriov
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strconv"
+
+	"github.com/fastpath-k8s/fastpath/internal/sysfs"
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+)
+
+// PF is the SR-IOV capability of a physical function as sysfs shows it.
+type PF struct {
+	TotalVFs int // sriov_totalvfs
+	NumVFs   int // sriov_numvfs
+	// VFs are the addresses the PF's virtfn0, virtfn1, … links name, in
+	// index order, up to the first one missing (VFs being disabled: the
+	// kernel removes the links first).
+	VFs []string
+}
+
+// Attrs reads below a function's sysfs directory; pci.Dir is one.
+type Attrs interface {
+	Read(name string) ([]byte, error)
+	Readlink(name string) (string, error)
+}
+
+var _ Attrs = pci.Dir(nil)
+
+// ReadPF reads the SR-IOV attributes below a function's directory. It
+// reports false for a function without the capability (no
+// sriov_totalvfs: a VF, or a PF without SR-IOV).
+func ReadPF(dir Attrs) (PF, bool) {
+	var p PF
+	total, err := atoi(dir, "sriov_totalvfs")
+	if err != nil {
+		return p, false
+	}
+	p.TotalVFs = total
+	p.NumVFs, _ = atoi(dir, "sriov_numvfs")
+	for i := 0; i < p.NumVFs; i++ {
+		vf, err := dir.Readlink("virtfn" + strconv.Itoa(i))
+		if err != nil {
+			break
+		}
+		addr := filepath.Base(vf)
+		if !pci.ValidAddress(addr) {
+			break // not a link the kernel made; what follows cannot be indexed
+		}
+		p.VFs = append(p.VFs, addr)
+	}
+	return p, true
+}
+
+// ReadPFOf reads the SR-IOV attributes of f (read by pkg/pci: its
+// SysfsPath is resolved and checked to be inside the root).
+func ReadPFOf(f *pci.Function) (PF, bool, error) {
+	d, err := sysfs.Open(f.SysfsPath)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return PF{}, false, fmt.Errorf("pci %s: %w", f.Address, pci.ErrNotFound)
+		}
+		return PF{}, false, fmt.Errorf("pci %s: %w", f.Address, err)
+	}
+	defer d.Close()
+	p, ok := ReadPF(d)
+	return p, ok, nil
+}
+
+// Index is the index of the VF at addr under p (the N of the virtfnN
+// link that names it), -1 when p does not list it.
+func (p *PF) Index(addr string) int {
+	for i, vf := range p.VFs {
+		if vf == addr {
+			return i
+		}
+	}
+	return -1
+}
+
+// Indexes are the VFs that a set of PFs list, by address, with the PF
+// listing each and its index there.
+type Indexes map[string]VF
+
+// VF is a VF's place under its PF.
+type VF struct {
+	PF    string // the PF's address
+	Index int    // N of the PF's virtfnN link
+}
+
+// IndexVFs indexes the VFs that pfs (by PF address) list.
+func IndexVFs(pfs map[string]PF) Indexes {
+	n := 0
+	for _, p := range pfs {
+		n += len(p.VFs)
+	}
+	idx := make(Indexes, n)
+	for addr, p := range pfs {
+		for i, vf := range p.VFs {
+			idx[vf] = VF{PF: addr, Index: i}
+		}
+	}
+	return idx
+}
+
+// Index is the index of vf under the PF at pf, -1 when that PF does not
+// list it.
+func (x Indexes) Index(pf, vf string) int {
+	if v, ok := x[vf]; ok && v.PF == pf {
+		return v.Index
+	}
+	return -1
+}
+
+func atoi(d Attrs, name string) (int, error) {
+	b, err := d.Read(name)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(string(b))
+	if err != nil {
+		return 0, fmt.Errorf("%s: not a number: %q", name, b)
+	}
+	return n, nil
+}
