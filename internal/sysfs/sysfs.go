@@ -239,12 +239,6 @@ func (d Dir) Readlink(name string) (string, error) {
 	return string(buf[:n]), nil
 }
 
-// Exists reports whether name exists below d (without following a final link).
-func (d Dir) Exists(name string) bool {
-	var st unix.Stat_t
-	return unix.Fstatat(d.fd, d.name(name), &st, unix.AT_SYMLINK_NOFOLLOW) == nil
-}
-
 // List returns the sorted entry names of the directory name below d ("."
 // for d itself); a missing directory has none.
 func (d Dir) List(name string) ([]string, error) {

@@ -1,4 +1,4 @@
-// Package devinfo reads and writes k8snetworkplumbingwg device-info-spec
+// Package devinfo writes k8snetworkplumbingwg device-info-spec
 // (v1.1.0) files of type "pci": how the device plugin tells a CNI, and a CNI
 // tells the pod, which PCI function and RDMA device an attachment uses.
 package devinfo
@@ -43,17 +43,4 @@ func Write(path string, info Info, perm os.FileMode) error {
 		return fmt.Errorf("devinfo: %w", err)
 	}
 	return nil
-}
-
-// Read loads the document at path.
-func Read(path string) (Info, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return Info{}, fmt.Errorf("devinfo: %w", err)
-	}
-	var info Info
-	if err := json.Unmarshal(data, &info); err != nil {
-		return Info{}, fmt.Errorf("devinfo %s: %w", path, err)
-	}
-	return info, nil
 }

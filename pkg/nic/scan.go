@@ -63,9 +63,6 @@ func NewScanner(root string, opts ...Option) *Scanner {
 // Root is the host root the scanner reads under.
 func (s *Scanner) Root() string { return s.root }
 
-// RDMA is the scanner's RDMA reader.
-func (s *Scanner) RDMA() *rdma.Reader { return s.rdma }
-
 func isMellanox(vendor string) bool { return vendor == pci.VendorMellanox }
 
 // Scan discovers every Mellanox NIC function. It makes no netlink call:

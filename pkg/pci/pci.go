@@ -83,38 +83,20 @@ func ValidAddress(s string) bool {
 
 // Scanner reads PCI functions under a root.
 type Scanner struct {
-	root string
-	sys  string
+	sys string
 	// workers bounds the parallel reads of a scan.
 	workers int
 }
 
-// Option configures a Scanner.
-type Option func(*Scanner)
-
-// WithWorkers sets how many functions are read in parallel (default two
-// per CPU).
-func WithWorkers(n int) Option { return func(s *Scanner) { s.workers = n } }
-
 // New returns a Scanner reading <root>/sys. root "" means "/".
-func New(root string, opts ...Option) *Scanner {
+func New(root string) *Scanner {
 	if root == "" {
 		root = "/"
 	}
 	// sysfs reads block in the kernel often enough that two workers per
 	// CPU keep the CPUs busy.
-	s := &Scanner{root: root, sys: filepath.Join(root, "sys"), workers: 2 * runtime.GOMAXPROCS(0)}
-	for _, o := range opts {
-		o(s)
-	}
-	if s.workers < 1 {
-		s.workers = 1
-	}
-	return s
+	return &Scanner{sys: filepath.Join(root, "sys"), workers: max(1, 2*runtime.GOMAXPROCS(0))}
 }
-
-// Root is the host root the scanner reads under.
-func (s *Scanner) Root() string { return s.root }
 
 func (s *Scanner) devicesDir() string { return filepath.Join(s.sys, "bus", "pci", "devices") }
 

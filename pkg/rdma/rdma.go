@@ -373,10 +373,6 @@ func (r *Reader) DevNodes() (DevNodes, error) {
 	return m, nil
 }
 
-// HostPath is where a host path such as /dev/infiniband/uverbs14 is found
-// under the reader's root.
-func (r *Reader) HostPath(path string) string { return filepath.Join(r.root, path) }
-
 // RoCEv2IPv4GIDIndex returns the index of the RoCE v2 GID that carries an
 // IPv4 address of netdev on the port: the one NCCL and UCX want. Empty
 // slots have no gid_attrs/types entry (the kernel answers EINVAL) and are
