@@ -47,7 +47,7 @@ const (
 	nfdLabel           = "feature.node.kubernetes.io/pci-15b3.present"
 	resourceAnnotation = "k8s.v1.cni.cncf.io/resourceName"
 	networksAnnotation = "k8s.v1.cni.cncf.io/networks"
-	sharedResource     = "mellanox.com/hca_shared_devices_a"
+	sharedResource     = "rdma/hca_shared_devices_a"
 	sriovResource      = "mellanox.com/mlnx_sriov_rdma"
 	cniBinary          = "/usr/bin/sriov" // where the image has the CNI
 	pluginBinary       = "/usr/bin/rdma-device-plugin"

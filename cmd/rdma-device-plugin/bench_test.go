@@ -58,7 +58,7 @@ func BenchmarkDaemonRSS(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		d := startDaemon(b, host, config("combined.json"))
-		regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "mellanox.com/hca_shared_devices_a")
+		regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "rdma/hca_shared_devices_a")
 		n, err := firstList(d, regs["mellanox.com/mlnx_sriov_rdma"].Endpoint)
 		if err != nil {
 			b.Fatalf("%v; log:\n%s", err, d.log.String())
@@ -99,7 +99,7 @@ func BenchmarkDaemonAllocate(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			d := startDaemon(b, fixture("dgx-h100"), config("combined.json"))
-			regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "mellanox.com/hca_shared_devices_a")
+			regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "rdma/hca_shared_devices_a")
 			c := d.client(regs["mellanox.com/mlnx_sriov_rdma"].Endpoint)
 			req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: tc.ids}}}
 			call := func() time.Duration {

@@ -47,9 +47,10 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	hostRoot := fs.String("host-root", "/", "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev)")
 	configPath := fs.String("config", "", "pool config file (configList and/or resourceList JSON); empty shows devices only")
 	fs.StringVar(configPath, "config-file", "", "the same as --config")
+	prefix := fs.String("resource-prefix", pool.DefaultExclusivePrefix, "resource prefix of resourceList pools that give none (configList pools: "+pool.DefaultSharedPrefix+")")
 	output := fs.String("o", "table", "output format: table or json")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [-o table|json]\n\n"+
+		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [--resource-prefix P] [-o table|json]\n\n"+
 			"Shows the node's Mellanox/NVIDIA NIC functions (PF -> VFs -> netdev -> RDMA device -> char devices)\n"+
 			"and, with --config, which pool gets which device.\n\n")
 		fs.PrintDefaults()
@@ -68,7 +69,7 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	var cfg *pool.Config
 	if *configPath != "" {
-		c, err := pool.Load(*configPath)
+		c, err := pool.Load(*configPath, pool.WithResourcePrefix(*prefix))
 		if err != nil {
 			return err
 		}

@@ -51,7 +51,7 @@ func TestDiscoverJSONShape(t *testing.T) {
 	pools := v["pools"].([]any)
 	require.Len(t, pools, 2)
 	shared := pools[0].(map[string]any)
-	require.Equal(t, "mellanox.com/hca_shared_devices_a", shared["resource"])
+	require.Equal(t, "rdma/hca_shared_devices_a", shared["resource"])
 	require.Equal(t, "shared", shared["kind"])
 	require.Equal(t, 63.0, shared["capacity"])
 	require.Len(t, shared["devices"], 8)
@@ -96,7 +96,7 @@ func TestDiscoverTable(t *testing.T) {
 	require.NoError(t, run(context.Background(), []string{"discover", "--host-root", fixture("dgx-h100"), "--config", config("combined.json")}, &out, &errs))
 	lines := strings.Split(out.String(), "\n")
 	require.Regexp(t, `^PCI\s+MODEL\s+DRIVER\s+NUMA\s+NETDEV\s+LINK\s+RDMA\s+CHAR DEVICES\s+POOL$`, lines[0])
-	require.Regexp(t, `^0000:18:00.0 \(4/16 VFs\)\s+\S+\s+mlx5_core\s+0\s+ibp24s0\s+InfiniBand\s+mlx5_0\s+uverbs2,umad0,issm0,rdma_cm\s+mellanox.com/hca_shared_devices_a$`, lines[1])
+	require.Regexp(t, `^0000:18:00.0 \(4/16 VFs\)\s+\S+\s+mlx5_core\s+0\s+ibp24s0\s+InfiniBand\s+mlx5_0\s+uverbs2,umad0,issm0,rdma_cm\s+rdma/hca_shared_devices_a$`, lines[1])
 	require.Regexp(t, `^  ├─ vf0 0000:18:00.1\s+\S+\s+mlx5_core\s+0\s+ibp24s0v0\s+InfiniBand\s+mlx5_12\s+uverbs14,umad12,issm12,rdma_cm\s+mellanox.com/mlnx_sriov_rdma$`, lines[2])
 	require.Regexp(t, `^  └─ vf3 0000:18:00.4\s`, lines[5])
 	require.Contains(t, out.String(), "pool mellanox.com/mlnx_sriov_rdma (exclusive): 32 devices, capacity 32, policy spread")
@@ -120,6 +120,30 @@ func TestDiscoverErrors(t *testing.T) {
 			var out, errs bytes.Buffer
 			err := run(context.Background(), append([]string{"discover"}, tt.args...), &out, &errs)
 			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+// The seed's NicClusterPolicy configs, verbatim, give the resource names
+// the plugins they were written for advertise: k8s-rdma-shared-dev-plugin
+// prefixes a configList entry with rdma/, the resourceList seed names its
+// prefix.
+func TestDiscoverPeerResourceNames(t *testing.T) {
+	for _, tc := range []struct {
+		config string
+		args   []string
+		want   string
+	}{
+		{"rdma-shared.json", nil, "pool rdma/hca_shared_devices_a (shared): 8 devices, capacity 63"},
+		{"sriov-dp.json", nil, "pool mellanox.com/mlnx_sriov_rdma (exclusive): 32 devices, capacity 32"},
+		{"rail-spread.json", []string{"--resource-prefix", "nvidia.com"}, "pool nvidia.com/rail_vfs (exclusive): 16 devices, capacity 16, policy spread"},
+		{"rdma-shared.json", []string{"--resource-prefix", "nvidia.com"}, "pool rdma/hca_shared_devices_a (shared)"},
+	} {
+		t.Run(tc.config, func(t *testing.T) {
+			var out, errs bytes.Buffer
+			args := append([]string{"discover", "--host-root", fixture("dgx-h100"), "--config-file", config(tc.config)}, tc.args...)
+			require.NoError(t, run(context.Background(), args, &out, &errs), errs.String())
+			require.Contains(t, out.String(), tc.want)
 		})
 	}
 }

@@ -29,8 +29,8 @@ const (
 )
 
 type serveFlags struct {
-	config, hostRoot, nodeRoot, kubeletDir, devInfoDir, cdiDir, metricsAddr, logLevel string
-	useCDI, version                                                                   bool
+	config, resourcePrefix, hostRoot, nodeRoot, kubeletDir, devInfoDir, cdiDir, metricsAddr, logLevel string
+	useCDI, version                                                                                   bool
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -58,6 +58,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	var f serveFlags
 	fs.StringVar(&f.config, "config", defaultConfig, "pool config file (configList and/or resourceList JSON)")
 	fs.StringVar(&f.config, "config-file", defaultConfig, "the same as --config (the name the peer plugins use)")
+	fs.StringVar(&f.resourcePrefix, "resource-prefix", pool.DefaultExclusivePrefix, "resource prefix of resourceList pools that give none (configList pools: "+pool.DefaultSharedPrefix+")")
 	fs.StringVar(&f.hostRoot, "host-root", "/", "where the plugin reads the node's sysfs (DIR/sys) and devices (DIR/dev), e.g. /host with the node's / mounted there")
 	fs.StringVar(&f.nodeRoot, "node-root", "/", "what --host-root is on the node: device paths handed to the kubelet and written to CDI specs are under it")
 	fs.StringVar(&f.kubeletDir, "kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (holds kubelet.sock)")
@@ -88,7 +89,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 }
 
 func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
-	src, err := plugin.NewSource(f.config, nic.NewScanner(f.hostRoot), log)
+	src, err := plugin.NewSource(f.config, nic.NewScanner(f.hostRoot), log, pool.WithResourcePrefix(f.resourcePrefix))
 	if err != nil {
 		return err
 	}
@@ -136,7 +137,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		defer hs.Close()
 		log.Info("serving /healthz and /metrics", "addr", l.Addr().String())
 	}
-	log.Info("starting", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion, "config", f.config, "hostRoot", f.hostRoot, "nodeRoot", f.nodeRoot, "kubeletDir", f.kubeletDir, "pools", len(first.Pools))
+	log.Info("starting", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion, "config", f.config, "hostRoot", f.hostRoot, "nodeRoot", f.nodeRoot, "kubeletDir", f.kubeletDir, "resources", resourceNames(first.Pools))
 	err = m.Run(ctx, first)
 	log.Info("stopped")
 	return err
@@ -165,4 +166,14 @@ func checkCharDevices(hostRoot string, pools []pool.Pool) error {
 	}
 	return fmt.Errorf("no RDMA char devices for the pools' %d RDMA devices under %s%s: is the mlx5_ib / ib_uverbs module loaded, and is /dev/infiniband mounted into the plugin's container?",
 		want, strings.TrimSuffix(hostRoot, "/"), rdma.DevDir)
+}
+
+// resourceNames are the pools' full resource names, as the kubelet and the
+// pods' resource requests spell them.
+func resourceNames(pools []pool.Pool) []string {
+	out := make([]string, len(pools))
+	for i := range pools {
+		out[i] = pools[i].ResourceName()
+	}
+	return out
 }

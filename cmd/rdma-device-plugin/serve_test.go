@@ -253,12 +253,12 @@ func TestServeFixtureHost(t *testing.T) {
 	// node root, never under --host-root.
 	const nodeRoot = "/node"
 	d := startDaemonWith(t, daemonOpts{host: fixture("dgx-h100"), config: config("combined.json"), args: []string{"--node-root", nodeRoot}})
-	regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "mellanox.com/hca_shared_devices_a")
+	regs := d.registrations("mellanox.com/mlnx_sriov_rdma", "rdma/hca_shared_devices_a")
 	r := regs["mellanox.com/mlnx_sriov_rdma"]
 	require.Equal(t, pluginapi.Version, r.Version)
 	require.Equal(t, "mellanox.com_mlnx_sriov_rdma.sock", r.Endpoint)
 	require.True(t, r.Options.GetPreferredAllocationAvailable)
-	require.Equal(t, "mellanox.com_hca_shared_devices_a.sock", regs["mellanox.com/hca_shared_devices_a"].Endpoint)
+	require.Equal(t, "rdma_hca_shared_devices_a.sock", regs["rdma/hca_shared_devices_a"].Endpoint)
 
 	c := d.client(r.Endpoint)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -334,6 +334,7 @@ func TestServeFixtureHost(t *testing.T) {
 	require.Contains(t, m, `fastpath_device_plugin_allocated_devices_total{resource="mellanox.com/mlnx_sriov_rdma"} 1`)
 	require.Regexp(t, `fastpath_build_info\{goversion="go[0-9.]+",revision="[^"]+",version="[^"]+"\} 1`, m)
 	require.Contains(t, d.log.String(), `"msg":"starting","version":`)
+	require.Contains(t, d.log.String(), `"resources":["rdma/hca_shared_devices_a","mellanox.com/mlnx_sriov_rdma"]`, "the startup log names the full resource names")
 
 	d.stop()
 	left, err := filepath.Glob(filepath.Join(d.dir, "mellanox.com_*"))
@@ -461,6 +462,8 @@ func TestServeStartupErrors(t *testing.T) {
 		{"broken config", []string{"--host-root", fixture("dgx-h100"), "--config", "serve_test.go"}, "invalid JSON"},
 		{"no char devices", []string{"--host-root", noDev, "--config", config("sriov-dp.json")}, "is the mlx5_ib / ib_uverbs module loaded"},
 		{"bad log level", []string{"--log-level", "loud"}, `--log-level "loud"`},
+		{"bad resource prefix", []string{"--host-root", fixture("dgx-h100"), "--config", config("sriov-dp.json"), "--resource-prefix", "Not_A_Domain"},
+			`resource prefix "Not_A_Domain" is not a DNS subdomain`},
 		{"stray argument", []string{"serve", "now"}, `unexpected argument "now"`},
 	}
 	for _, tt := range tests {
@@ -481,7 +484,7 @@ func TestServeStartupErrors(t *testing.T) {
 // The flags the peer plugins' manifests pass are accepted.
 func TestServeFlags(t *testing.T) {
 	want := func(mod func(f *serveFlags)) serveFlags {
-		f := serveFlags{config: defaultConfig, hostRoot: "/", nodeRoot: "/", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
+		f := serveFlags{config: defaultConfig, resourcePrefix: "mellanox.com", hostRoot: "/", nodeRoot: "/", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
 			metricsAddr: defaultMetrics, logLevel: "info"}
 		if mod != nil {
 			mod(&f)
@@ -498,6 +501,7 @@ func TestServeFlags(t *testing.T) {
 		{"use-cdi", []string{"--use-cdi"}, want(func(f *serveFlags) { f.useCDI, f.cdiDir = true, "/var/run/cdi" })},
 		{"cdi dir", []string{"-use-cdi", "-cdi-spec-dir", "/etc/cdi"}, want(func(f *serveFlags) { f.useCDI, f.cdiDir = true, "/etc/cdi" })},
 		{"roots", []string{"--host-root=/host", "--node-root=/"}, want(func(f *serveFlags) { f.hostRoot = "/host" })},
+		{"resource-prefix", []string{"--resource-prefix=nvidia.com"}, want(func(f *serveFlags) { f.resourcePrefix = "nvidia.com" })},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, err := parseServeFlags(tc.args, io.Discard)

@@ -20,10 +20,6 @@ import (
 	"regexp"
 	"strings"
 	"time"
-
-	"github.com/fastpath-k8s/fastpath/internal/ifname"
-	"github.com/fastpath-k8s/fastpath/pkg/pci"
-	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 // Kind says how a pool's devices are handed out.
@@ -46,7 +42,15 @@ const (
 
 // Defaults.
 const (
-	DefaultPrefix                 = "mellanox.com"
+	// DefaultSharedPrefix is the resource prefix of a configList entry
+	// without resourcePrefix, as in k8s-rdma-shared-dev-plugin:
+	// "rdma/hca_shared_devices_a".
+	DefaultSharedPrefix = "rdma"
+	// DefaultExclusivePrefix is the resource prefix of a resourceList entry
+	// without resourcePrefix, unless WithResourcePrefix gives another (as
+	// sriov-network-device-plugin's --resource-prefix does; its own default,
+	// intel.com, names no Mellanox/NVIDIA resource anyone asks for).
+	DefaultExclusivePrefix        = "mellanox.com"
 	DefaultPeriodicUpdateInterval = 60 * time.Second
 	// MaxRdmaHcaMax bounds a shared pool's slots: each is a device in
 	// every ListAndWatch message the kubelet receives.
@@ -75,6 +79,11 @@ type Resource struct {
 	ExcludeTopology bool
 	// AllocationPolicy is PolicyPack, PolicySpread or "" (pack).
 	AllocationPolicy string
+	// NCCLEnv says whether Allocate sets NCCL_IB_HCA and UCX_NET_DEVICES
+	// for the pool's devices. At most one pool of a config does (see
+	// Parse), so that a container holding devices of several pools never
+	// gets two values for them.
+	NCCLEnv bool
 	// DeviceType is the resourceList deviceType ("netDevice" or
 	// "accelerator"); "" for shared pools.
 	DeviceType string
@@ -88,46 +97,39 @@ type Resource struct {
 // ResourceName is the extended resource, "mellanox.com/mlnx_sriov_rdma".
 func (r *Resource) ResourceName() string { return r.Prefix + "/" + r.Name }
 
-// Selector matches functions; every field that is set must match (a field
-// matches when any of its values does).
-type Selector struct {
-	Vendors      []string // "15b3"
-	Devices      []string // PCI device IDs, "101e"
-	Drivers      []string
-	PCIAddresses []string
-	PFNames      []VFSet // VFs of the PF with this netdev
-	RootDevices  []VFSet // VFs of the PF at this PCI address
-	IfNames      []string
-	LinkTypes    []string // rdma.LinkLayerInfiniBand or rdma.LinkLayerEthernet
-	IsRdma       bool     // only functions with an RDMA device
-}
-
-// VFSet is a PF (by netdev name or PCI address) and, optionally, which of
-// its VFs: "ens2f0#0-11" or "0000:86:00.0#0,2-7".
-type VFSet struct {
-	PF string
-	// Ranges are inclusive VF index ranges; nil means every VF.
-	Ranges [][2]int
-}
-
-// Contains reports whether VF index i is in the set.
-func (s VFSet) Contains(i int) bool {
-	if s.Ranges == nil {
-		return true
-	}
-	for _, r := range s.Ranges {
-		if i >= r[0] && i <= r[1] {
-			return true
-		}
-	}
-	return false
-}
-
 // ErrNoConfig is returned by Load when the file does not exist.
 var ErrNoConfig = errors.New("pool config file does not exist")
 
+// Option changes how a config is read.
+type Option func(*options)
+
+type options struct {
+	exclusivePrefix string
+}
+
+// WithResourcePrefix sets the resource prefix of resourceList entries
+// that give none (DefaultExclusivePrefix without it): what
+// sriov-network-device-plugin's --resource-prefix does. configList
+// entries keep DefaultSharedPrefix, as in k8s-rdma-shared-dev-plugin,
+// which has no such flag.
+func WithResourcePrefix(prefix string) Option {
+	return func(o *options) { o.exclusivePrefix = prefix }
+}
+
+// CheckPrefix reports whether prefix can start an extended resource name
+// (a DNS subdomain outside kubernetes.io).
+func CheckPrefix(prefix string) error {
+	if !dnsSubdomain.MatchString(prefix) || len(prefix) > 253 {
+		return fmt.Errorf("resource prefix %q is not a DNS subdomain: want lower-case letters, digits, '-' and '.', like mellanox.com", prefix)
+	}
+	if prefix == "kubernetes.io" || strings.HasSuffix(prefix, ".kubernetes.io") {
+		return fmt.Errorf("resource prefix %q: the kubernetes.io domain is reserved; extended resources need another prefix", prefix)
+	}
+	return nil
+}
+
 // Load reads and parses a pool config file.
-func Load(path string) (*Config, error) {
+func Load(path string, opts ...Option) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s (pass --config with a configList/resourceList file, e.g. config.json of deployments/10-configmap.yaml)", ErrNoConfig, path)
@@ -135,7 +137,7 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read pool config: %w", err)
 	}
-	cfg, err := Parse(data)
+	cfg, err := Parse(data, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("pool config %s: %w", path, err)
 	}
@@ -145,10 +147,10 @@ func Load(path string) (*Config, error) {
 var (
 	topKeys = []string{"periodicUpdateInterval", "configList", "resourceList"}
 
-	sharedKeys = []string{"resourceName", "resourcePrefix", "rdmaHcaMax", "selectors", "devices", "excludeTopology"}
+	sharedKeys = []string{"resourceName", "resourcePrefix", "rdmaHcaMax", "selectors", "devices", "excludeTopology", "ncclEnv"}
 	sharedSel  = []string{"vendors", "deviceIDs", "drivers", "ifNames", "linkTypes"}
 
-	exclusiveKeys = []string{"resourceName", "resourcePrefix", "deviceType", "excludeTopology", "selectors", "allocationPolicy"}
+	exclusiveKeys = []string{"resourceName", "resourcePrefix", "deviceType", "excludeTopology", "selectors", "allocationPolicy", "ncclEnv"}
 	exclusiveSel  = []string{"vendors", "devices", "drivers", "pciAddresses", "pfNames", "rootDevices", "linkTypes", "isRdma"}
 
 	// Keys of the upstream formats that fastpath understands but does not
@@ -172,7 +174,21 @@ var (
 )
 
 // Parse parses a pool config.
-func Parse(data []byte) (*Config, error) {
+//
+// The pool that sets NCCL_IB_HCA and UCX_NET_DEVICES (Resource.NCCLEnv)
+// is the one whose entry says "ncclEnv": true; when none does, the first
+// resourceList entry, or with no resourceList the first configList entry,
+// unless that entry says "ncclEnv": false. Two entries saying true is an
+// error: the kubelet keeps one of two values a container is given for a
+// variable, whichever resource it merges first.
+func Parse(data []byte, opts ...Option) (*Config, error) {
+	o := options{exclusivePrefix: DefaultExclusivePrefix}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := CheckPrefix(o.exclusivePrefix); err != nil {
+		return nil, fmt.Errorf("default for resourceList entries: %w", err)
+	}
 	root, err := decode(data)
 	if err != nil {
 		return nil, err
@@ -196,17 +212,19 @@ func Parse(data []byte) (*Config, error) {
 		}
 		cfg.PeriodicUpdateInterval = time.Duration(secs) * time.Second
 	}
+	var nccl []*bool // each resource's "ncclEnv", nil when not given
 	if v := f["configList"]; v != nil {
 		list, err := v.list()
 		if err != nil {
 			return nil, err
 		}
 		for _, e := range list {
-			r, err := parseShared(e, cfg)
+			r, env, err := parseShared(e, cfg)
 			if err != nil {
 				return nil, err
 			}
 			cfg.Resources = append(cfg.Resources, r)
+			nccl = append(nccl, env)
 		}
 	}
 	if v := f["resourceList"]; v != nil {
@@ -215,11 +233,12 @@ func Parse(data []byte) (*Config, error) {
 			return nil, err
 		}
 		for _, e := range list {
-			r, err := parseExclusive(e, cfg)
+			r, env, err := parseExclusive(e, cfg, o.exclusivePrefix)
 			if err != nil {
 				return nil, err
 			}
 			cfg.Resources = append(cfg.Resources, r)
+			nccl = append(nccl, env)
 		}
 	}
 	if len(cfg.Resources) == 0 {
@@ -233,11 +252,58 @@ func Parse(data []byte) (*Config, error) {
 		}
 		seen[name] = r.Source
 	}
+	if err := pickNCCLEnv(cfg, nccl); err != nil {
+		return nil, err
+	}
 	return cfg, nil
 }
 
+// pickNCCLEnv sets Resource.NCCLEnv by the rule in Parse's comment and
+// warns about each exclusive pool left without it.
+func pickNCCLEnv(cfg *Config, given []*bool) error {
+	pick := -1
+	for i, v := range given {
+		if v == nil || !*v {
+			continue
+		}
+		if pick >= 0 {
+			return fmt.Errorf("%s and %s both say \"ncclEnv\": true: only one pool may set NCCL_IB_HCA and UCX_NET_DEVICES (a container holding both would get one of the two values, whichever the kubelet merges first)",
+				cfg.Resources[pick].Source, cfg.Resources[i].Source)
+		}
+		pick = i
+	}
+	if pick < 0 {
+		first := 0 // configList entries come first: the first resourceList entry, or the first entry
+		for i := range cfg.Resources {
+			if cfg.Resources[i].Kind == Exclusive {
+				first = i
+				break
+			}
+		}
+		if given[first] == nil {
+			pick = first
+		}
+	}
+	if pick >= 0 {
+		cfg.Resources[pick].NCCLEnv = true
+	}
+	for i := range cfg.Resources {
+		r := &cfg.Resources[i]
+		if r.Kind != Exclusive || r.NCCLEnv || given[i] != nil {
+			continue
+		}
+		holder := "no pool"
+		if pick >= 0 {
+			holder = cfg.Resources[pick].Source + " (" + cfg.Resources[pick].ResourceName() + ")"
+		}
+		cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s (%s) does not set NCCL_IB_HCA and UCX_NET_DEVICES: one pool per node does, %s; \"ncclEnv\": true on an entry picks it, \"ncclEnv\": false here silences this",
+			r.Source, r.ResourceName(), holder))
+	}
+	return nil
+}
+
 // names reads resourceName and resourcePrefix and checks them.
-func names(e *value, f map[string]*value, r *Resource) error {
+func names(e *value, f map[string]*value, r *Resource, defaultPrefix string) error {
 	v := f["resourceName"]
 	if v == nil {
 		return fmt.Errorf("%s: resourceName is required", e.name())
@@ -246,7 +312,7 @@ func names(e *value, f map[string]*value, r *Resource) error {
 	if err != nil {
 		return err
 	}
-	r.Prefix = DefaultPrefix
+	r.Prefix = defaultPrefix
 	if p := f["resourcePrefix"]; p != nil {
 		s, err := p.str()
 		if err != nil {
@@ -267,11 +333,8 @@ func names(e *value, f map[string]*value, r *Resource) error {
 	if !qualifiedName.MatchString(name) || len(name) > 63 {
 		return fmt.Errorf("%s: %q is not a valid resource name: want up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit", v.path, name)
 	}
-	if !dnsSubdomain.MatchString(r.Prefix) || len(r.Prefix) > 253 {
-		return fmt.Errorf("%s: resource prefix %q is not a DNS subdomain: want lower-case letters, digits, '-' and '.', like mellanox.com", e.name(), r.Prefix)
-	}
-	if r.Prefix == "kubernetes.io" || strings.HasSuffix(r.Prefix, ".kubernetes.io") {
-		return fmt.Errorf("%s: resource prefix %q: the kubernetes.io domain is reserved; extended resources need another prefix", e.name(), r.Prefix)
+	if err := CheckPrefix(r.Prefix); err != nil {
+		return fmt.Errorf("%s: %w", e.name(), err)
 	}
 	return nil
 }
@@ -282,17 +345,28 @@ var (
 	dnsSubdomain  = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 )
 
-func parseShared(e *value, cfg *Config) (Resource, error) {
+// parseShared parses a configList entry; the *bool is its "ncclEnv", nil
+// when not given.
+func parseShared(e *value, cfg *Config) (Resource, *bool, error) {
 	r := Resource{Kind: Shared, Source: e.name()}
 	o, err := e.object()
 	if err != nil {
-		return r, err
+		return r, nil, err
 	}
 	f, err := o.fields(e.path, sharedKeys, sharedUnsupportedKeys)
 	if err != nil {
-		return r, err
+		return r, nil, err
 	}
-	if err := names(e, f, &r); err != nil {
+	nccl, err := optTriBool(f["ncclEnv"])
+	if err != nil {
+		return r, nil, err
+	}
+	r, err = parseSharedFields(e, f, r, cfg)
+	return r, nccl, err
+}
+
+func parseSharedFields(e *value, f map[string]*value, r Resource, cfg *Config) (Resource, error) {
+	if err := names(e, f, &r, DefaultSharedPrefix); err != nil {
 		return r, err
 	}
 	v := f["rdmaHcaMax"]
@@ -340,17 +414,29 @@ func parseShared(e *value, cfg *Config) (Resource, error) {
 	return r, nil
 }
 
-func parseExclusive(e *value, cfg *Config) (Resource, error) {
+// parseExclusive parses a resourceList entry; the *bool is its
+// "ncclEnv", nil when not given.
+func parseExclusive(e *value, cfg *Config, prefix string) (Resource, *bool, error) {
 	r := Resource{Kind: Exclusive, Source: e.name(), DeviceType: "netDevice"}
 	o, err := e.object()
 	if err != nil {
-		return r, err
+		return r, nil, err
 	}
 	f, err := o.fields(e.path, exclusiveKeys, unsupportedExclusive)
 	if err != nil {
-		return r, err
+		return r, nil, err
 	}
-	if err := names(e, f, &r); err != nil {
+	nccl, err := optTriBool(f["ncclEnv"])
+	if err != nil {
+		return r, nil, err
+	}
+	r, err = parseExclusiveFields(e, f, r, cfg, prefix)
+	return r, nccl, err
+}
+
+func parseExclusiveFields(e *value, f map[string]*value, r Resource, cfg *Config, prefix string) (Resource, error) {
+	var err error
+	if err := names(e, f, &r, prefix); err != nil {
 		return r, err
 	}
 	if v := f["deviceType"]; v != nil {
@@ -418,223 +504,21 @@ func parseExclusive(e *value, cfg *Config) (Resource, error) {
 	return r, nil
 }
 
+// optTriBool is nil for a key not given.
+func optTriBool(v *value) (*bool, error) {
+	if v == nil {
+		return nil, nil
+	}
+	b, err := v.boolean()
+	if err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
 func optBool(v *value) (bool, error) {
 	if v == nil {
 		return false, nil
 	}
 	return v.boolean()
-}
-
-func (s *Selector) empty() bool {
-	return len(s.Vendors) == 0 && len(s.Devices) == 0 && len(s.Drivers) == 0 && len(s.PCIAddresses) == 0 &&
-		len(s.PFNames) == 0 && len(s.RootDevices) == 0 && len(s.IfNames) == 0 && len(s.LinkTypes) == 0 && !s.IsRdma
-}
-
-// notDrivers are kernel modules people put in "drivers" that no PCI
-// function is ever bound to.
-var notDrivers = map[string]string{
-	"mlx5_ib":   "mlx5_ib is the RDMA module, not a PCI driver",
-	"mlx5_en":   "mlx5_en is part of mlx5_core, not a PCI driver",
-	"ib_uverbs": "ib_uverbs is the RDMA verbs module, not a PCI driver",
-	"ib_core":   "ib_core is the RDMA core module, not a PCI driver",
-	"rdma_ucm":  "rdma_ucm is the RDMA CM module, not a PCI driver",
-	"mlx4_ib":   "mlx4_ib is the RDMA module, not a PCI driver",
-}
-
-func selector(f map[string]*value, cfg *Config) (Selector, error) {
-	var s Selector
-	var err error
-	if v := f["vendors"]; v != nil {
-		if s.Vendors, err = hexIDs(v); err != nil {
-			return s, err
-		}
-		mellanox := false
-		for _, id := range s.Vendors {
-			if id == pci.VendorMellanox {
-				mellanox = true
-			}
-		}
-		if !mellanox {
-			return s, fmt.Errorf("%s: %q can never match: fastpath serves Mellanox/NVIDIA NIC functions only (vendor 15b3)", v.path, s.Vendors)
-		}
-		if len(s.Vendors) > 1 {
-			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s: only vendor 15b3 can match; the others are ignored", v.path))
-		}
-	}
-	for _, k := range []string{"devices", "deviceIDs"} {
-		if v := f[k]; v != nil {
-			if s.Devices, err = hexIDs(v); err != nil {
-				return s, err
-			}
-		}
-	}
-	if v := f["drivers"]; v != nil {
-		if s.Drivers, err = v.strings(); err != nil {
-			return s, err
-		}
-		for i, d := range s.Drivers {
-			if why, ok := notDrivers[d]; ok {
-				return s, fmt.Errorf("%s[%d]: %q can never match: %s; Mellanox VFs are bound to mlx5_core (or vfio-pci for DPDK)", v.path, i, d, why)
-			}
-			if d == "" {
-				return s, fmt.Errorf("%s[%d]: empty driver name", v.path, i)
-			}
-		}
-	}
-	if v := f["pciAddresses"]; v != nil {
-		list, err := v.strings()
-		if err != nil {
-			return s, err
-		}
-		for i, a := range list {
-			a = strings.ToLower(strings.TrimSpace(a))
-			if !pci.ValidAddress(a) {
-				return s, fmt.Errorf("%s[%d]: %q is not a PCI address (want DDDD:BB:DD.F, e.g. 0000:18:00.1)", v.path, i, list[i])
-			}
-			s.PCIAddresses = append(s.PCIAddresses, a)
-		}
-	}
-	if v := f["pfNames"]; v != nil {
-		if s.PFNames, err = vfSets(v, false); err != nil {
-			return s, err
-		}
-	}
-	if v := f["rootDevices"]; v != nil {
-		if s.RootDevices, err = vfSets(v, true); err != nil {
-			return s, err
-		}
-	}
-	if v := f["ifNames"]; v != nil {
-		if s.IfNames, err = ifNames(v); err != nil {
-			return s, err
-		}
-	}
-	if v := f["linkTypes"]; v != nil {
-		list, err := v.strings()
-		if err != nil {
-			return s, err
-		}
-		for i, l := range list {
-			switch strings.ToLower(l) {
-			case "ether", "ethernet", "eth", "roce":
-				s.LinkTypes = append(s.LinkTypes, rdma.LinkLayerEthernet)
-			case "infiniband", "ib":
-				s.LinkTypes = append(s.LinkTypes, rdma.LinkLayerInfiniBand)
-			default:
-				return s, fmt.Errorf("%s[%d]: %q: want ether or infiniband", v.path, i, l)
-			}
-		}
-	}
-	if v := f["isRdma"]; v != nil {
-		if s.IsRdma, err = v.boolean(); err != nil {
-			return s, err
-		}
-	}
-	return s, nil
-}
-
-func hexIDs(v *value) ([]string, error) {
-	list, err := v.strings()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(list))
-	for i, s := range list {
-		id := strings.ToLower(strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(s), "0x"), "0X"))
-		if len(id) != 4 || strings.Trim(id, "0123456789abcdef") != "" {
-			return nil, fmt.Errorf("%s[%d]: %q is not a PCI ID: want 4 hex digits, e.g. 15b3 or 101e", v.path, i, s)
-		}
-		out = append(out, id)
-	}
-	return out, nil
-}
-
-func ifNames(v *value) ([]string, error) {
-	list, err := v.strings()
-	if err != nil {
-		return nil, err
-	}
-	for i, n := range list {
-		if err := ifname.Check(n); err != nil {
-			return nil, fmt.Errorf("%s[%d]: %w", v.path, i, err)
-		}
-	}
-	return list, nil
-}
-
-// vfSets parses pfNames ("ens2f0", "ens2f0#0-11") or rootDevices
-// ("0000:86:00.0#0,2-7").
-func vfSets(v *value, pciAddr bool) ([]VFSet, error) {
-	list, err := v.strings()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]VFSet, 0, len(list))
-	for i, s := range list {
-		at := fmt.Sprintf("%s[%d]", v.path, i)
-		pf, spec, hasRange := strings.Cut(s, "#")
-		set := VFSet{PF: pf}
-		if pciAddr {
-			set.PF = strings.ToLower(pf)
-			if !pci.ValidAddress(set.PF) {
-				return nil, fmt.Errorf("%s: %q: %q is not a PCI address (rootDevices takes the PF's DDDD:BB:DD.F; interface names go in pfNames)", at, s, pf)
-			}
-		} else {
-			if pci.ValidAddress(strings.ToLower(pf)) {
-				return nil, fmt.Errorf("%s: %q is a PCI address: put it in rootDevices; pfNames takes the PF's netdev name", at, s)
-			}
-			if err := ifname.Check(pf); err != nil {
-				return nil, fmt.Errorf("%s: %q: %w", at, s, err)
-			}
-		}
-		if hasRange {
-			if set.Ranges, err = ranges(spec); err != nil {
-				return nil, fmt.Errorf("%s: %q: %w", at, s, err)
-			}
-		}
-		out = append(out, set)
-	}
-	return out, nil
-}
-
-// maxVFIndex is above any PF's sriov_totalvfs.
-const maxVFIndex = 4095
-
-func ranges(spec string) ([][2]int, error) {
-	if spec == "" {
-		return nil, errors.New("empty VF range after '#': want e.g. 0-11 or 0,2-7")
-	}
-	var out [][2]int
-	for _, part := range strings.Split(spec, ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := vfIndex(lo, part)
-		if err != nil {
-			return nil, err
-		}
-		b := a
-		if isRange {
-			if b, err = vfIndex(hi, part); err != nil {
-				return nil, err
-			}
-			if b < a {
-				return nil, fmt.Errorf("VF range %q is reversed (want low-high)", part)
-			}
-		}
-		out = append(out, [2]int{a, b})
-	}
-	return out, nil
-}
-
-func vfIndex(s, part string) (int, error) {
-	if s == "" || len(s) > 4 || strings.Trim(s, "0123456789") != "" {
-		return 0, fmt.Errorf("VF range %q: %q is not a VF index (want a number 0-%d)", part, s, maxVFIndex)
-	}
-	n := 0
-	for _, c := range s {
-		n = n*10 + int(c-'0')
-	}
-	if n > maxVFIndex {
-		return 0, fmt.Errorf("VF range %q: index %d is above %d", part, n, maxVFIndex)
-	}
-	return n, nil
 }

@@ -36,7 +36,10 @@ func TestLoadSeeds(t *testing.T) {
 	require.Equal(t, 300*time.Second, shared.PeriodicUpdateInterval)
 	require.Len(t, shared.Resources, 1)
 	r := shared.Resources[0]
-	require.Equal(t, "mellanox.com/hca_shared_devices_a", r.ResourceName())
+	// k8s-rdma-shared-dev-plugin's default prefix: what pods written for
+	// it ask for.
+	require.Equal(t, "rdma/hca_shared_devices_a", r.ResourceName())
+	require.True(t, r.NCCLEnv, "the only pool sets the NCCL env")
 	require.Equal(t, pool.Shared, r.Kind)
 	require.Equal(t, 63, r.RdmaHcaMax)
 	require.Equal(t, []pool.Selector{{Vendors: []string{"15b3"}, Devices: []string{"1021"}, LinkTypes: []string{"InfiniBand"}}}, r.Selectors)
@@ -47,6 +50,7 @@ func TestLoadSeeds(t *testing.T) {
 	require.Len(t, excl.Resources, 1)
 	r = excl.Resources[0]
 	require.Equal(t, "mellanox.com/mlnx_sriov_rdma", r.ResourceName())
+	require.True(t, r.NCCLEnv)
 	require.Equal(t, pool.Exclusive, r.Kind)
 	require.Equal(t, "netDevice", r.DeviceType)
 	require.Equal(t, []pool.Selector{{Vendors: []string{"15b3"}, Devices: []string{"101e"}, Drivers: []string{"mlx5_core"}, IsRdma: true}}, r.Selectors)
@@ -54,8 +58,10 @@ func TestLoadSeeds(t *testing.T) {
 	both, err := pool.Load(seed("combined.json"))
 	require.NoError(t, err)
 	require.Len(t, both.Resources, 2)
-	require.Equal(t, "mellanox.com/hca_shared_devices_a", both.Resources[0].ResourceName())
+	require.Equal(t, "rdma/hca_shared_devices_a", both.Resources[0].ResourceName())
 	require.Equal(t, "mellanox.com/mlnx_sriov_rdma", both.Resources[1].ResourceName())
+	require.False(t, both.Resources[0].NCCLEnv, "the exclusive pool sets the NCCL env, the shared one not")
+	require.True(t, both.Resources[1].NCCLEnv)
 	require.Equal(t, pool.PolicySpread, both.Resources[1].AllocationPolicy)
 	require.Empty(t, both.Warnings)
 
@@ -122,8 +128,14 @@ func TestParseErrors(t *testing.T) {
 		{"invalid prefix", `{"resourceList":[{"resourceName":"a","resourcePrefix":"Mellanox_com","selectors":{"isRdma":true}}]}`, []string{`prefix "Mellanox_com" is not a DNS subdomain`}},
 		{"reserved prefix", `{"resourceList":[{"resourceName":"a","resourcePrefix":"kubernetes.io","selectors":{"isRdma":true}}]}`, []string{"reserved"}},
 		{"prefix twice", `{"resourceList":[{"resourceName":"x.io/a","resourcePrefix":"y.io","selectors":{"isRdma":true}}]}`, []string{"give one"}},
-		{"duplicate resource", `{"configList":[{"resourceName":"a","rdmaHcaMax":1,"selectors":{"vendors":["15b3"]}}],"resourceList":[{"resourceName":"a","selectors":{"isRdma":true}}]}`,
+		{"duplicate resource", `{"configList":[{"resourceName":"a","resourcePrefix":"mellanox.com","rdmaHcaMax":1,"selectors":{"vendors":["15b3"]}}],"resourceList":[{"resourceName":"a","selectors":{"isRdma":true}}]}`,
 			[]string{`resourceList[0]: duplicate resource "mellanox.com/a" (already defined by configList[0])`}},
+		{"duplicate resource by default prefix", `{"configList":[{"resourceName":"a","rdmaHcaMax":1,"selectors":{"vendors":["15b3"]}},{"resourceName":"rdma/a","rdmaHcaMax":1,"selectors":{"vendors":["15b3"]}}]}`,
+			[]string{`configList[1]: duplicate resource "rdma/a" (already defined by configList[0])`}},
+		{"two ncclEnv", `{"configList":[{"resourceName":"a","rdmaHcaMax":1,"ncclEnv":true,"selectors":{"vendors":["15b3"]}}],"resourceList":[{"resourceName":"b","ncclEnv":true,"selectors":{"isRdma":true}}]}`,
+			[]string{`configList[0] and resourceList[0] both say "ncclEnv": true: only one pool may set NCCL_IB_HCA and UCX_NET_DEVICES`}},
+		{"ncclEnv not a bool", `{"resourceList":[{"resourceName":"b","ncclEnv":"yes","selectors":{"isRdma":true}}]}`,
+			[]string{`resourceList[0].ncclEnv: want true or false, got a string`}},
 		{"rdmaHcaMax zero", `{"configList":[{"resourceName":"a","rdmaHcaMax":0,"selectors":{"vendors":["15b3"]}}]}`, []string{"configList[0].rdmaHcaMax: 0: want 1 to"}},
 		{"rdmaHcaMax missing", `{"configList":[{"resourceName":"a","selectors":{"vendors":["15b3"]}}]}`, []string{"configList[0]: rdmaHcaMax is required"}},
 		{"rdmaHcaMax not int", `{"configList":[{"resourceName":"a","rdmaHcaMax":1.5,"selectors":{"vendors":["15b3"]}}]}`, []string{`configList[0].rdmaHcaMax: "1.5" is not an integer`}},
@@ -239,15 +251,91 @@ func TestBuildEdge(t *testing.T) {
 	require.Contains(t, all, "mellanox.com/ib_vfs: 0000:86:00.2 is selected but bound to no driver")
 	require.Contains(t, all, "mellanox.com/ib_vfs: 1 selected functions are already in mellanox.com/dpdk")
 	require.Contains(t, all, "mellanox.com/nothing (resourceList[2]): no device matches")
-	require.Contains(t, all, "mellanox.com/edge_hcas: 0000:86:00.3 is in exclusive pool mellanox.com/ib_vfs")
+	require.Contains(t, all, "rdma/edge_hcas: 0000:86:00.3 is in exclusive pool mellanox.com/ib_vfs")
 }
 
+// The seed configs load without a warning (warnings are for configs that
+// are probably not what was meant).
 func TestSeedsHaveNoSurprises(t *testing.T) {
 	entries, err := os.ReadDir(filepath.Join("..", "..", "testdata", "config"))
 	require.NoError(t, err)
 	require.NotEmpty(t, entries)
 	for _, e := range entries {
-		_, err := pool.Load(seed(e.Name()))
+		cfg, err := pool.Load(seed(e.Name()))
 		require.NoError(t, err, e.Name())
+		require.Empty(t, cfg.Warnings, e.Name())
+	}
+}
+
+// Each format's own default prefix, and --resource-prefix for
+// resourceList entries as sriov-network-device-plugin has it.
+func TestResourcePrefixDefaults(t *testing.T) {
+	const both = `{"configList": [{"resourceName": "hcas", "rdmaHcaMax": 2, "selectors": {"vendors": ["15b3"]}},
+	                             {"resourceName": "own", "resourcePrefix": "example.com", "rdmaHcaMax": 2, "selectors": {"vendors": ["15b3"]}}],
+	              "resourceList": [{"resourceName": "vfs", "selectors": {"isRdma": true}},
+	                               {"resourceName": "nvidia.com/named", "selectors": {"isRdma": true}}]}`
+	names := func(cfg *pool.Config) []string {
+		var out []string
+		for _, r := range cfg.Resources {
+			out = append(out, r.ResourceName())
+		}
+		return out
+	}
+	cfg, err := pool.Parse([]byte(both))
+	require.NoError(t, err)
+	require.Equal(t, []string{"rdma/hcas", "example.com/own", "mellanox.com/vfs", "nvidia.com/named"}, names(cfg))
+	cfg, err = pool.Parse([]byte(both), pool.WithResourcePrefix("nvidia.com"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"rdma/hcas", "example.com/own", "nvidia.com/vfs", "nvidia.com/named"}, names(cfg))
+	_, err = pool.Parse([]byte(both), pool.WithResourcePrefix("Not_A_Domain"))
+	require.ErrorContains(t, err, `default for resourceList entries: resource prefix "Not_A_Domain" is not a DNS subdomain`)
+	cfg, err = pool.Load(seed("sriov-dp.json"), pool.WithResourcePrefix("nvidia.com"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"mellanox.com/mlnx_sriov_rdma"}, names(cfg), "an entry's own resourcePrefix wins")
+}
+
+// One pool per config sets NCCL_IB_HCA and UCX_NET_DEVICES.
+func TestNCCLEnvRule(t *testing.T) {
+	shared := func(name, extra string) string {
+		return `{"resourceName": "` + name + `", "rdmaHcaMax": 2, ` + extra + `"selectors": {"vendors": ["15b3"]}}`
+	}
+	excl := func(name, extra string) string {
+		return `{"resourceName": "` + name + `", ` + extra + `"selectors": {"isRdma": true}}`
+	}
+	for _, tc := range []struct {
+		name       string
+		configList []string
+		resList    []string
+		want       []string // resources with NCCLEnv
+		warn       string   // a warning that must be there ("" none)
+	}{
+		{"only shared", []string{shared("a", ""), shared("b", "")}, nil, []string{"rdma/a"}, ""},
+		{"exclusive before shared", []string{shared("a", "")}, []string{excl("x", "")}, []string{"mellanox.com/x"}, ""},
+		{"first exclusive", nil, []string{excl("x", ""), excl("y", "")}, []string{"mellanox.com/x"},
+			`resourceList[1] (mellanox.com/y) does not set NCCL_IB_HCA and UCX_NET_DEVICES: one pool per node does, resourceList[0] (mellanox.com/x)`},
+		{"second silenced", nil, []string{excl("x", ""), excl("y", `"ncclEnv": false, `)}, []string{"mellanox.com/x"}, ""},
+		{"picked", []string{shared("a", `"ncclEnv": true, `)}, []string{excl("x", ""), excl("y", `"ncclEnv": false, `)}, []string{"rdma/a"},
+			`resourceList[0] (mellanox.com/x) does not set NCCL_IB_HCA`},
+		{"picked second", nil, []string{excl("x", `"ncclEnv": false, `), excl("y", `"ncclEnv": true, `)}, []string{"mellanox.com/y"}, ""},
+		{"none", nil, []string{excl("x", `"ncclEnv": false, `)}, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := `{"configList": [` + strings.Join(tc.configList, ",") + `], "resourceList": [` + strings.Join(tc.resList, ",") + `]}`
+			cfg, err := pool.Parse([]byte(doc))
+			require.NoError(t, err)
+			var got []string
+			for _, r := range cfg.Resources {
+				if r.NCCLEnv {
+					got = append(got, r.ResourceName())
+				}
+			}
+			require.Equal(t, tc.want, got)
+			if tc.warn == "" {
+				require.Empty(t, cfg.Warnings)
+			} else {
+				require.Len(t, cfg.Warnings, 1)
+				require.Contains(t, cfg.Warnings[0], tc.warn)
+			}
+		})
 	}
 }

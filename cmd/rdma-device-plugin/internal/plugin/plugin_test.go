@@ -45,7 +45,7 @@ func scanFixture(t testing.TB, name string) *nic.Snapshot {
 func dgxPools(t testing.TB) []pool.Pool {
 	snap := scanFixture(t, "dgx-h100")
 	require.Equal(t, rdma.RDMACMPath, snap.RDMACM)
-	rails := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "rails", Kind: pool.Exclusive, AllocationPolicy: pool.PolicySpread}}
+	rails := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "rails", Kind: pool.Exclusive, AllocationPolicy: pool.PolicySpread, NCCLEnv: true}}
 	storage := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "storage", Kind: pool.Shared, RdmaHcaMax: 4}}
 	for _, d := range snap.Devices {
 		switch {
@@ -118,7 +118,7 @@ func (h *harness) run() {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	// The first scan is Run's, as serve.go makes it.
-	first, err := h.src.fn(false)
+	first, err := h.opts.Scan(false)
 	require.NoError(h.t, err)
 	go func() { h.errc <- m.Run(ctx, first) }()
 	h.t.Cleanup(func() { h.stop() })
@@ -424,8 +424,10 @@ func TestServeDGX(t *testing.T) {
 			"/dev/infiniband/rdma_cm",
 		}, paths)
 		require.Equal(t, "0000:29:00.0,0000:29:00.1", cr.Envs["PCIDEVICE_MELLANOX_COM_STORAGE"])
-		require.Equal(t, "=mlx5_8:1,mlx5_9:1", cr.Envs["NCCL_IB_HCA"])
-		require.Equal(t, "mlx5_8:1,mlx5_9:1", cr.Envs["UCX_NET_DEVICES"])
+		// The rails pool sets the NCCL env (NCCLEnv), this one does not.
+		require.NotContains(t, cr.Envs, "NCCL_IB_HCA")
+		require.NotContains(t, cr.Envs, "UCX_NET_DEVICES")
+		require.Len(t, cr.Envs, 2)
 	})
 
 	t.Run("CDI spec", func(t *testing.T) {

@@ -373,7 +373,9 @@ func (s *server) containerResponse(p *pool.Pool, rdmaCM string, devs []*nic.Devi
 	if js, err := json.Marshal(info); err == nil {
 		cr.Envs[env+"_INFO"] = string(js)
 	}
-	if len(hcas) > 0 {
+	// One pool per node sets these (pool.Resource.NCCLEnv): the kubelet
+	// keeps one value per variable for a container holding several pools.
+	if p.NCCLEnv && len(hcas) > 0 {
 		cr.Envs["NCCL_IB_HCA"] = "=" + strings.Join(hcas, ",")
 		cr.Envs["UCX_NET_DEVICES"] = strings.Join(ucx, ",")
 	}

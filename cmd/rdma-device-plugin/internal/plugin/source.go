@@ -16,6 +16,7 @@ import (
 // take the pools away. Its Scan is the Manager's ScanFunc.
 type Source struct {
 	path    string
+	load    []pool.Option
 	scanner *nic.Scanner
 	log     *slog.Logger
 
@@ -25,16 +26,17 @@ type Source struct {
 	pools    []pool.Pool
 }
 
-// NewSource loads the config at path; scanner reads the host.
-func NewSource(path string, scanner *nic.Scanner, log *slog.Logger) (*Source, error) {
-	cfg, err := pool.Load(path)
+// NewSource loads the config at path with opts (every reload uses them
+// too); scanner reads the host.
+func NewSource(path string, scanner *nic.Scanner, log *slog.Logger, opts ...pool.Option) (*Source, error) {
+	cfg, err := pool.Load(path, opts...)
 	if err != nil {
 		return nil, err
 	}
 	for _, w := range cfg.Warnings {
 		log.Warn("config", "warning", w)
 	}
-	return &Source{path: path, scanner: scanner, log: log, cfg: cfg}, nil
+	return &Source{path: path, load: opts, scanner: scanner, log: log, cfg: cfg}, nil
 }
 
 // Scan scans the host and builds the pools; reloadConfig reads the config
@@ -44,7 +46,7 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if reloadConfig {
-		cfg, err := pool.Load(s.path)
+		cfg, err := pool.Load(s.path, s.load...)
 		if err != nil {
 			s.log.Error("config change rejected; keeping the last good config", "config", s.path, "err", err)
 		} else {
