@@ -1,7 +1,16 @@
 # fastpath image: the kubelet device plugin and the `sriov` CNI plugin, as
 # static binaries, with the PCI ID database for model names.
 #
-#   docker build -t REGISTRY/fastpath:TAG .
+#   docker build -t REGISTRY/fastpath:TAG \
+#     --build-arg VERSION=$(git describe --tags --always) --build-arg REVISION=$(git rev-parse HEAD) .
+#
+# Multi-arch (amd64 x86 nodes, arm64 GH200/GB200 nodes), one manifest list:
+#
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/fastpath:TAG --push .
+#
+# The build stage runs on the builder's own platform ($BUILDPLATFORM) and
+# cross-compiles for each $TARGETARCH (static Go, no QEMU needed); only the
+# final stage is per-architecture. Without a Docker engine: make image-tar.
 #
 # /usr/bin/rdma-device-plugin  the device plugin (deployments/20-daemonset.yaml)
 # /usr/bin/sriov               the CNI plugin, copied to the node's /opt/cni/bin
@@ -10,6 +19,10 @@
 FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 ARG TARGETOS=linux
 ARG TARGETARCH
+# Printed by --version and the startup log, exported as fastpath_build_info
+# (internal/version; the Makefile stamps the same variables).
+ARG VERSION=dev
+ARG REVISION=unknown
 # Model names in `rdma-device-plugin discover` come from pci.ids, never from
 # the network. Debian's pci.ids package puts it at /usr/share/misc/pci.ids.
 RUN apt-get update \
@@ -20,12 +33,18 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ENV CGO_ENABLED=0
-RUN GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "-s -w" -o /out/rdma-device-plugin ./cmd/rdma-device-plugin \
- && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "-s -w" -o /out/sriov ./cmd/sriov-cni
+ENV VERSION_PKG=github.com/fastpath-k8s/fastpath/internal/version
+ENV LDFLAGS="-s -w -X ${VERSION_PKG}.Version=${VERSION} -X ${VERSION_PKG}.Revision=${REVISION}"
+RUN GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "$LDFLAGS" -o /out/rdma-device-plugin ./cmd/rdma-device-plugin \
+ && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "$LDFLAGS" -o /out/sriov ./cmd/sriov-cni
 
 # Debian slim rather than distroless: the init container installs the CNI
 # binary with sh, cp and mv (copy to a temporary name, then rename).
 FROM debian:trixie-slim
+ARG VERSION=dev
+ARG REVISION=unknown
+LABEL org.opencontainers.image.version="$VERSION" \
+      org.opencontainers.image.revision="$REVISION"
 LABEL org.opencontainers.image.title="fastpath" \
       org.opencontainers.image.description="RDMA device plugin and SR-IOV CNI for ConnectX NICs" \
       org.opencontainers.image.source="https://github.com/fastpath-k8s/fastpath"

@@ -14,16 +14,22 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/fastpath-k8s/fastpath/internal/version
 LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)
 
-.PHONY: all build test test-short lint fmt vet bench discover demo e2e fixtures clean soak
+.PHONY: all build cross test test-short lint fmt vet bench discover demo e2e image-tar fixtures clean soak
 
 all: lint build test
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
+# Both binaries for arm64 (GH200/GB200 nodes) build too: a cross-compile
+# check, nothing is kept.
+cross:
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -o /dev/null ./cmd/rdma-device-plugin
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -o /dev/null ./cmd/sriov-cni
+
 # The full suite, as CI runs it. Root-only tests (network namespaces, veth,
 # bind mounts over /sys) skip with a reason when not run as root.
-test: lint
+test: lint cross
 	$(GO) test -count=1 -race -timeout 20m $(PKGS)
 
 test-short:
@@ -54,6 +60,11 @@ discover:
 # the CNI reference plugins into .e2e-work; later runs reuse them.
 e2e:
 	test/e2e/run.sh
+
+# The fastpath image without a Docker engine: bin/fastpath-image.tar, for
+# docker load, podman load or ctr -n k8s.io images import. IMAGE= names it.
+image-tar:
+	VERSION=$(VERSION) REVISION=$(REVISION) test/imagetar/build.sh
 
 # The whole flow on the bundled DGX fixture host, as root: device plugin,
 # allocation, the sriov CNI into a fresh netns (veth stand-ins for the VFs),

@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	nfdv1alpha1 "sigs.k8s.io/node-feature-discovery/api/nfd/v1alpha1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
@@ -41,7 +42,13 @@ var pluginFlagDefaults = map[string]string{
 	"kubelet-dir":  "/var/lib/kubelet/device-plugins",
 	"devinfo-dir":  "/var/run/k8s.cni.cncf.io/devinfo/dp",
 	"metrics-addr": ":9108",
+	"log-level":    "info",
+	"cdi-spec-dir": "",
+	"use-cdi":      "false",
 }
+
+// pluginBoolFlags may be given without a value (--use-cdi).
+var pluginBoolFlags = map[string]bool{"use-cdi": true}
 
 const (
 	nfdLabel           = "feature.node.kubernetes.io/pci-15b3.present"
@@ -66,16 +73,18 @@ type NetworkAttachmentDefinition struct {
 
 // manifests are the decoded documents of every YAML file under deployments/.
 type manifests struct {
-	namespaces      []*corev1.Namespace
-	serviceAccounts []*corev1.ServiceAccount
-	configMaps      []*corev1.ConfigMap
-	daemonSets      []*appsv1.DaemonSet
-	pods            []*corev1.Pod
-	nads            []*NetworkAttachmentDefinition
+	namespaces       []*corev1.Namespace
+	serviceAccounts  []*corev1.ServiceAccount
+	configMaps       []*corev1.ConfigMap
+	daemonSets       []*appsv1.DaemonSet
+	pods             []*corev1.Pod
+	nads             []*NetworkAttachmentDefinition
+	nodeFeatureRules []*nfdv1alpha1.NodeFeatureRule
 }
 
 // yamlFiles lists the manifests: the YAML files of deployments/ and its
-// subdirectories (examples/).
+// subdirectories (examples/, nfd/), but not the kustomizations
+// (kustomize_test.go renders those).
 func yamlFiles(t *testing.T) []string {
 	t.Helper()
 	var files []string
@@ -83,7 +92,7 @@ func yamlFiles(t *testing.T) []string {
 		if err != nil {
 			return err
 		}
-		if !d.IsDir() && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) {
+		if !d.IsDir() && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) && d.Name() != kustomizationFile {
 			files = append(files, p)
 		}
 		return nil
@@ -172,6 +181,9 @@ func decodeDocument(doc []byte, m *manifests) error {
 	case "k8s.cni.cncf.io/v1 NetworkAttachmentDefinition":
 		o := &NetworkAttachmentDefinition{}
 		m.nads, obj = append(m.nads, o), o
+	case "nfd.k8s-sigs.io/v1alpha1 NodeFeatureRule":
+		o := &nfdv1alpha1.NodeFeatureRule{}
+		m.nodeFeatureRules, obj = append(m.nodeFeatureRules, o), o
 	default:
 		return fmt.Errorf("unexpected apiVersion %q kind %q", tm.APIVersion, tm.Kind)
 	}
@@ -224,6 +236,7 @@ func TestManifestsDecode(t *testing.T) {
 	require.Len(t, m.configMaps, 1)
 	require.Len(t, m.daemonSets, 1)
 	require.Len(t, m.nads, 1)
+	require.Len(t, m.nodeFeatureRules, 1)
 	require.NotEmpty(t, m.pods)
 
 	ns := m.namespaces[0].Name
@@ -284,7 +297,12 @@ func pluginFlags(t *testing.T, c *corev1.Container) map[string]string {
 	flags := maps.Clone(pluginFlagDefaults)
 	for _, a := range append(c.Command[1:], c.Args...) {
 		name, value, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !ok && pluginBoolFlags[name] {
+			value, ok = "true", true
+		}
 		require.True(t, strings.HasPrefix(a, "-") && ok, "argument %q: want --name=value", a)
+		_, known := pluginFlagDefaults[name]
+		require.True(t, known, "argument %q: not a flag of the device plugin", a)
 		flags[name] = value
 	}
 	return flags
@@ -341,7 +359,13 @@ func requireHostDir(t *testing.T, spec *corev1.PodSpec, c *corev1.Container, p s
 }
 
 func TestDaemonSet(t *testing.T) {
-	m := loadManifests(t)
+	requireDaemonSet(t, loadManifests(t))
+}
+
+// requireDaemonSet checks the DaemonSet of m (the files, or what kustomize
+// renders); extraHostPaths are the hostPaths an overlay adds.
+func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
+	t.Helper()
 	ds := m.daemonSets[0]
 	spec := &ds.Spec.Template.Spec
 
@@ -366,10 +390,10 @@ func TestDaemonSet(t *testing.T) {
 			hostPaths = append(hostPaths, v.HostPath.Path)
 		}
 	}
-	require.ElementsMatch(t, []string{
+	require.ElementsMatch(t, append([]string{
 		"/var/lib/kubelet/device-plugins", "/sys", "/dev/infiniband",
 		"/var/run/k8s.cni.cncf.io/devinfo/dp", hostCNIBinDir,
-	}, hostPaths)
+	}, extraHostPaths...), hostPaths)
 
 	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 		require.Equal(t, spec.Containers[0].Image, c.Image, "container %s: one image for both binaries", c.Name)
@@ -603,4 +627,8 @@ func TestDockerfile(t *testing.T) {
 	}, installed)
 	require.Regexp(t, `(?m)^COPY\s+--from=\S+\s+\S*pci\.ids\s+/usr/share/misc/pci\.ids\s*$`, df)
 	require.Regexp(t, `CGO_ENABLED=0`, df)
+	// --version tells which build runs: both binaries get the version.
+	require.Regexp(t, `(?m)^ENV VERSION_PKG=github\.com/fastpath-k8s/fastpath/internal/version$`, df)
+	require.Regexp(t, `-X \$\{VERSION_PKG\}\.Version=\$\{VERSION\} -X \$\{VERSION_PKG\}\.Revision=\$\{REVISION\}`, df)
+	require.Equal(t, 2, strings.Count(df, `-ldflags "$LDFLAGS"`), "both go builds embed the version")
 }
