@@ -24,8 +24,11 @@ const (
 	defaultConfig     = "/etc/fastpath/config.json"
 	defaultKubeletDir = "/var/lib/kubelet/device-plugins"
 	defaultDevInfoDir = "/var/run/k8s.cni.cncf.io/devinfo/dp"
-	defaultMetrics    = ":9108"
-	defaultCDIDir     = "/var/run/cdi"
+	// Outside 9100-9999, the range the Prometheus exporters' default port
+	// list has handed out in full (9108 is graphite_exporter's), and away
+	// from the Kubernetes components' 10248-10260.
+	defaultMetrics = ":8478"
+	defaultCDIDir  = "/var/run/cdi"
 )
 
 type serveFlags struct {
@@ -104,9 +107,8 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	if err := checkCharDevices(f.hostRoot, first.Pools); err != nil {
 		return err
 	}
-	counters := newCounterCollector(src, f.hostRoot == "/" || f.hostRoot == "", log)
 	build := version.Get()
-	metrics := plugin.NewMetrics(build, counters)
+	metrics := plugin.NewMetrics(build)
 	m, err := plugin.NewManager(plugin.Options{
 		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, NodeRoot: f.nodeRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
 		ConfigPath: f.config, Scan: src.Scan, Metrics: metrics, Log: log, ReleaseMemory: true,

@@ -21,9 +21,13 @@ type Metrics struct {
 	rescan        prometheus.Histogram
 }
 
-// NewMetrics creates the metrics, fastpath_build_info for build, and
-// registers extra collectors (RDMA port counters) alongside.
-func NewMetrics(build version.Info, extra ...prometheus.Collector) *Metrics {
+// NewMetrics creates the metrics and fastpath_build_info for build.
+//
+// RDMA port counters are not among them: node_exporter's infiniband
+// collector (on by default) exports every HCA's, VFs' included, under
+// the names dashboards use (node_infiniband_port_data_received_bytes_total
+// ...), in bytes where the kernel counts 4-octet words.
+func NewMetrics(build version.Info) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -55,9 +59,6 @@ func NewMetrics(build version.Info, extra ...prometheus.Collector) *Metrics {
 	})
 	info.Set(1)
 	m.Registry.MustRegister(info, m.devices, m.healthy, m.allocations, m.registrations, m.rescan)
-	for _, c := range extra {
-		m.Registry.MustRegister(c)
-	}
 	return m
 }
 

@@ -23,7 +23,6 @@ type Source struct {
 	mu       sync.Mutex // guards the fields below
 	cfg      *pool.Config
 	lastWarn string
-	pools    []pool.Pool
 }
 
 // NewSource loads the config at path with opts (every reload uses them
@@ -70,22 +69,5 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 			s.log.Warn("discovery", "warning", w)
 		}
 	}
-	s.pools = pools
 	return Scan{Pools: pools, RDMACM: snap.RDMACM, Interval: s.cfg.PeriodicUpdateInterval}, nil
-}
-
-// HCAs are the RDMA devices of the last scan's pools, sorted.
-func (s *Source) HCAs() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, p := range s.pools {
-		for _, d := range p.Devices {
-			if d.RDMADevice != "" && !slices.Contains(out, d.RDMADevice) {
-				out = append(out, d.RDMADevice)
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
 }
