@@ -41,7 +41,7 @@ var pluginFlagDefaults = map[string]string{
 	"host-root":    "/",
 	"kubelet-dir":  "/var/lib/kubelet/device-plugins",
 	"devinfo-dir":  "/var/run/k8s.cni.cncf.io/devinfo/dp",
-	"metrics-addr": ":9108",
+	"metrics-addr": ":8478",
 	"log-level":    "info",
 	"cdi-spec-dir": "",
 	"use-cdi":      "false",
