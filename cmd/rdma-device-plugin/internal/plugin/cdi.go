@@ -1,41 +1,60 @@
 package plugin
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
-	"strings"
 
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
-// cdiSpecVersion is the lowest CDI version with DeviceNode.HostPath (0.5.0),
-// so that older runtimes accept the spec.
-const cdiSpecVersion = "0.5.0"
-
 // cdiFilePrefix marks the spec files this plugin owns; it never touches
 // other files in the CDI directory.
 const cdiFilePrefix = "fastpath-"
 
-// CDISpecPath is the spec file of a pool: <dir>/fastpath-<prefix>_<name>.json.
+// cdiSpecName is the file name of a pool's spec: fastpath-<prefix>_<name>.json.
+func cdiSpecName(prefix, name string) string { return cdiFilePrefix + prefix + "_" + name + ".json" }
+
+// CDISpecPath is the spec file of a pool in dir.
 func CDISpecPath(dir, prefix, name string) string {
-	return filepath.Join(dir, cdiFilePrefix+prefix+"_"+name+".json")
+	return filepath.Join(dir, cdiSpecName(prefix, name))
 }
 
 // CDIDeviceName is the fully qualified CDI name of one PCI function of a
-// pool: "<prefix>/<name>=<bdf>".
-func CDIDeviceName(p *pool.Pool, bdf string) string { return p.ResourceName() + "=" + bdf }
+// pool: "<prefix>/<name>=<bdf>" (vendor = resource prefix, class = pool
+// name).
+func CDIDeviceName(p *pool.Pool, bdf string) string {
+	return parser.QualifiedName(p.Prefix, p.Name, bdf)
+}
+
+// cdiSpecs writes and removes the pools' CDI specs through the CDI
+// library, which validates a spec (names, device nodes, version) before it
+// writes it, atomically, into dir.
+type cdiSpecs struct {
+	dir   string
+	cache *cdi.Cache
+}
+
+func newCDISpecs(dir string) (*cdiSpecs, error) {
+	// No auto-refresh: the cache is only the library's writer here, it
+	// need not watch the directory.
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("cdi %s: %w", dir, err)
+	}
+	return &cdiSpecs{dir: dir, cache: cache}, nil
+}
 
 // cdiSpec builds the spec of a pool: one CDI device per PCI function with
-// its char (or vfio) devices. Host paths are under root, the node root.
-func cdiSpec(p *pool.Pool, rdmaCM, root string) *cdispec.Spec {
-	spec := &cdispec.Spec{Version: cdiSpecVersion, Kind: p.ResourceName(), Devices: []cdispec.Device{}}
+// its char (or vfio) devices, host paths under root (the node root). The
+// version is the lowest that has what the spec uses, so that older
+// runtimes take it.
+func cdiSpec(p *pool.Pool, rdmaCM, root string) (*cdispec.Spec, error) {
+	spec := &cdispec.Spec{Kind: p.ResourceName()} // vendor/class
 	for i := range p.Devices {
 		d := &p.Devices[i]
 		var nodes []*cdispec.DeviceNode
@@ -50,7 +69,36 @@ func cdiSpec(p *pool.Pool, rdmaCM, root string) *cdispec.Spec {
 			ContainerEdits: cdispec.ContainerEdits{DeviceNodes: nodes},
 		})
 	}
-	return spec
+	v, err := cdispec.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, err
+	}
+	spec.Version = v
+	return spec, nil
+}
+
+// write writes the pool's spec. A pool with no device nodes to hand out
+// (no devices yet) has no spec: it reports false, and any earlier spec
+// is removed.
+func (c *cdiSpecs) write(p *pool.Pool, rdmaCM, root string) (bool, error) {
+	spec, err := cdiSpec(p, rdmaCM, root)
+	if err != nil {
+		return false, fmt.Errorf("cdi spec of %s: %w", p.ResourceName(), err)
+	}
+	if len(spec.Devices) == 0 {
+		return false, c.remove(p.Prefix, p.Name)
+	}
+	if err := c.cache.WriteSpec(spec, cdiSpecName(p.Prefix, p.Name)); err != nil {
+		return false, fmt.Errorf("cdi %s: write spec of %s: %w", CDISpecPath(c.dir, p.Prefix, p.Name), p.ResourceName(), err)
+	}
+	return true, nil
+}
+
+func (c *cdiSpecs) remove(prefix, name string) error {
+	if err := c.cache.RemoveSpec(cdiSpecName(prefix, name)); err != nil {
+		return fmt.Errorf("cdi %s: remove spec: %w", CDISpecPath(c.dir, prefix, name), err)
+	}
+	return nil
 }
 
 // devicePaths are the host device nodes of one function (host paths
@@ -79,46 +127,4 @@ func hostPath(root, path string) string {
 		return path
 	}
 	return filepath.Join(root, path)
-}
-
-// writeCDISpec writes the pool's spec atomically.
-func writeCDISpec(dir string, p *pool.Pool, rdmaCM, root string) error {
-	path := CDISpecPath(dir, p.Prefix, p.Name)
-	data, err := json.MarshalIndent(cdiSpec(p, rdmaCM, root), "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("cdi %s: create directory: %w", dir, err)
-	}
-	tmp, err := os.CreateTemp(dir, ".fastpath-cdi-*")
-	if err != nil {
-		return fmt.Errorf("cdi %s: %w", path, err)
-	}
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("cdi %s: write spec: %w", path, err)
-	}
-	return nil
-}
-
-func removeCDISpec(dir, prefix, name string) error {
-	path := CDISpecPath(dir, prefix, name)
-	if !strings.HasPrefix(filepath.Base(path), cdiFilePrefix) {
-		return nil
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("cdi %s: remove spec: %w", path, err)
-	}
-	return nil
 }

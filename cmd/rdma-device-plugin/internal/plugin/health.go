@@ -36,7 +36,7 @@ func (m *Manager) linkEvent(ev LinkEvent) {
 	}
 	for r, s := range m.servers {
 		p := m.pools[r]
-		m.updateServer(r, s, p, buildSlots(&p, m.healthy), "link "+ev.Name)
+		m.updateServer(r, s, s.served(), buildSlots(&p, m.healthy), "link "+ev.Name)
 	}
 }
 

@@ -81,6 +81,7 @@ type Manager struct {
 	opts    Options
 	log     *slog.Logger
 	devInfo *devInfoStore
+	cdi     *cdiSpecs // nil: no CDI
 
 	servers map[string]*server // by resource name
 	pools   map[string]pool.Pool
@@ -129,8 +130,15 @@ func NewManager(opts Options) (*Manager, error) {
 	if opts.RetryInterval == 0 {
 		opts.RetryInterval = 200 * time.Millisecond
 	}
+	var cdi *cdiSpecs
+	if opts.CDIDir != "" {
+		var err error
+		if cdi, err = newCDISpecs(opts.CDIDir); err != nil {
+			return nil, err
+		}
+	}
 	return &Manager{
-		opts: opts, log: opts.Log, devInfo: newDevInfoStore(opts.DevInfoDir),
+		opts: opts, log: opts.Log, devInfo: newDevInfoStore(opts.DevInfoDir), cdi: cdi,
 		servers: map[string]*server{}, pools: map[string]pool.Pool{}, links: map[string]linkState{}, watched: map[string]bool{},
 		registered: map[string]bool{}, allocated: map[string]bool{},
 	}, nil
@@ -304,8 +312,8 @@ func (m *Manager) apply(scan Scan) {
 		}
 		s.stop()
 		old := m.pools[r]
-		if m.opts.CDIDir != "" {
-			if err := removeCDISpec(m.opts.CDIDir, old.Prefix, old.Name); err != nil {
+		if m.cdi != nil {
+			if err := m.cdi.remove(old.Prefix, old.Name); err != nil {
 				m.log.Warn("remove CDI spec", "resource", r, "err", err)
 			}
 		}
@@ -338,28 +346,33 @@ func (m *Manager) apply(scan Scan) {
 	for _, r := range names {
 		p := next[r]
 		slots := buildSlots(&p, m.healthy)
-		if m.opts.CDIDir != "" {
-			if err := writeCDISpec(m.opts.CDIDir, &p, m.rdmaCM, m.opts.NodeRoot); err != nil {
-				m.log.Error("write CDI spec", "resource", r, "err", err)
+		v := served{pool: p, rdmaCM: m.rdmaCM}
+		if m.cdi != nil {
+			// Without its spec a pool's CDI names would fail the
+			// container: Allocate returns them only once it is written.
+			ok, err := m.cdi.write(&p, m.rdmaCM, m.opts.NodeRoot)
+			if err != nil {
+				m.log.Error("write CDI spec; Allocate returns no CDI device names for the pool", "resource", r, "err", err)
 			}
+			v.cdi = ok
 		}
 		m.pools[r] = p
 		s, ok := m.servers[r]
 		if !ok {
-			m.servers[r] = newServer(p, m.rdmaCM, slots, m.log, m.opts.NodeRoot, m.devInfo, m.opts.CDIDir != "", m.opts.Metrics, m.markAllocated)
+			m.servers[r] = newServer(v, slots, m.log, m.opts.NodeRoot, m.devInfo, m.opts.Metrics, m.markAllocated)
 			m.log.Info("pool added", "resource", r, "kind", p.Kind, "devices", len(slots), "healthy", countHealthy(slots))
 			continue
 		}
-		m.updateServer(r, s, p, slots, "rescan")
+		m.updateServer(r, s, v, slots, "rescan")
 	}
 }
 
 // updateServer pushes new slots and logs each device whose state changed.
-func (m *Manager) updateServer(r string, s *server, p pool.Pool, slots []slot, why string) {
+func (m *Manager) updateServer(r string, s *server, v served, slots []slot, why string) {
 	s.mu.Lock()
 	old := s.slots
 	s.mu.Unlock()
-	if !s.update(p, m.rdmaCM, slots) {
+	if !s.update(v, slots) {
 		return
 	}
 	was := make(map[string]bool, len(old))
@@ -398,9 +411,9 @@ func countHealthy(slots []slot) int {
 func (m *Manager) shutdown() {
 	for r, s := range m.servers {
 		s.stop()
-		if m.opts.CDIDir != "" {
+		if m.cdi != nil {
 			p := m.pools[r]
-			if err := removeCDISpec(m.opts.CDIDir, p.Prefix, p.Name); err != nil {
+			if err := m.cdi.remove(p.Prefix, p.Name); err != nil {
 				m.log.Warn("remove CDI spec", "resource", r, "err", err)
 			}
 		}

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
@@ -431,26 +433,29 @@ func TestServeDGX(t *testing.T) {
 	})
 
 	t.Run("CDI spec", func(t *testing.T) {
-		data, err := os.ReadFile(filepath.Join(cdiDir, "fastpath-mellanox.com_rails.json"))
+		// Read as a runtime reads it: the CDI library parses and
+		// validates the file.
+		spec, err := cdi.ReadSpec(filepath.Join(cdiDir, "fastpath-mellanox.com_rails.json"), 0)
 		require.NoError(t, err)
-		var spec struct {
-			Version string `json:"cdiVersion"`
-			Kind    string `json:"kind"`
-			Devices []struct {
-				Name           string `json:"name"`
-				ContainerEdits struct {
-					DeviceNodes []struct{ Path, HostPath, Permissions string } `json:"deviceNodes"`
-				} `json:"containerEdits"`
-			} `json:"devices"`
-		}
-		require.NoError(t, json.Unmarshal(data, &spec))
-		require.Equal(t, "0.5.0", spec.Version)
+		require.Equal(t, "0.5.0", spec.Version, "the lowest version with hostPath")
 		require.Equal(t, "mellanox.com/rails", spec.Kind)
 		require.Len(t, spec.Devices, 32)
-		require.Equal(t, "0000:18:00.1", spec.Devices[0].Name)
-		require.Equal(t, "/dev/infiniband/uverbs14", spec.Devices[0].ContainerEdits.DeviceNodes[0].Path)
-		require.Equal(t, nodeRoot+"/dev/infiniband/uverbs14", spec.Devices[0].ContainerEdits.DeviceNodes[0].HostPath)
-		require.Equal(t, "rw", spec.Devices[0].ContainerEdits.DeviceNodes[0].Permissions)
+		dev := spec.GetDevice("0000:18:00.1")
+		require.NotNil(t, dev)
+		require.Equal(t, &cdispec.DeviceNode{Path: "/dev/infiniband/uverbs14", HostPath: nodeRoot + "/dev/infiniband/uverbs14", Permissions: "rw"},
+			dev.ContainerEdits.DeviceNodes[0])
+		require.Equal(t, "/dev/infiniband/rdma_cm", dev.ContainerEdits.DeviceNodes[3].Path)
+		// Every name Allocate hands out resolves in the directory, as the
+		// runtime's CDI cache resolves it.
+		cache, err := cdi.NewCache(cdi.WithSpecDirs(cdiDir), cdi.WithAutoRefresh(false))
+		require.NoError(t, err)
+		resp, err := rails.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+			{DevicesIds: []string{"0000:dc:00.4"}}}})
+		require.NoError(t, err)
+		require.Len(t, resp.ContainerResponses[0].CdiDevices, 1)
+		got := cache.GetDevice(resp.ContainerResponses[0].CdiDevices[0].Name)
+		require.NotNil(t, got, resp.ContainerResponses[0].CdiDevices[0].Name)
+		require.Equal(t, nodeRoot+"/dev/infiniband/uverbs45", got.ContainerEdits.DeviceNodes[0].HostPath)
 	})
 
 	// Stop: sockets, device-info files and our CDI specs go; others stay.
@@ -483,7 +488,7 @@ func TestHostRootNotHandedOut(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(cdiDir, "fastpath-mellanox.com_rails.json"))
 	require.NoError(t, err)
 	require.NotContains(t, string(data), fixtureRoot("dgx-h100"))
-	require.Contains(t, string(data), `"hostPath": "/dev/infiniband/uverbs14"`)
+	require.Contains(t, string(data), `"hostPath":"/dev/infiniband/uverbs14"`)
 }
 
 // A pool that Serves turns down (left to another API) gets nothing from
@@ -503,6 +508,47 @@ func TestServesPicksPools(t *testing.T) {
 	specs, err := filepath.Glob(filepath.Join(cdiDir, "*"))
 	require.NoError(t, err)
 	require.Equal(t, []string{filepath.Join(cdiDir, "fastpath-mellanox.com_rails.json")}, specs)
+}
+
+// A pool whose name the CDI library refuses as a class (Kubernetes allows
+// a leading digit, CDI does not) gets no spec, and Allocate hands out no
+// CDI name that would fail the container; its devices still go out as
+// DeviceSpecs.
+func TestCDISpecRefused(t *testing.T) {
+	cdiDir := filepath.Join(t.TempDir(), "cdi")
+	pools := dgxPools(t)
+	pools[0].Name = "0rails"
+	var logs syncLog
+	h := newHarness(t, func(o *Options) { o.CDIDir = cdiDir; o.Log = slog.New(slog.NewJSONHandler(&logs, nil)) }, pools...)
+	h.run()
+	h.registered("mellanox.com/0rails", "mellanox.com/storage")
+	resp, err := h.client("mellanox.com_0rails.sock").Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"0000:18:00.1"}}}})
+	require.NoError(t, err)
+	require.Empty(t, resp.ContainerResponses[0].CdiDevices)
+	require.Len(t, resp.ContainerResponses[0].Devices, 4)
+	require.Contains(t, logs.String(), "write CDI spec; Allocate returns no CDI device names for the pool")
+	require.Contains(t, logs.String(), "should start with letter")
+	_, err = os.Stat(filepath.Join(cdiDir, "fastpath-mellanox.com_0rails.json"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// syncLog is a log buffer the manager writes while the test reads it.
+type syncLog struct {
+	mu sync.Mutex // guards b
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func TestHealthEvents(t *testing.T) {

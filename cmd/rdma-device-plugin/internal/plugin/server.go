@@ -36,17 +36,13 @@ type server struct {
 	log     *slog.Logger
 	root    string // the node root for DeviceSpec host paths (Options.NodeRoot)
 	devInfo *devInfoStore
-	cdi     bool // return CDIDevices
 	metrics *Metrics
 	onAlloc func(ids []string)
 
-	mu  sync.Mutex // guards the fields below
-	res pool.Pool
-	// rdmaCM is the node's rdma_cm (Scan.RDMACM): a container given an
-	// RDMA device gets it too.
-	rdmaCM string
-	slots  []slot
-	byID   map[string]int
+	mu    sync.Mutex // guards the fields below
+	v     served
+	slots []slot
+	byID  map[string]int
 	// changed is closed (and replaced) whenever slots change.
 	changed chan struct{}
 	grpc    *grpc.Server
@@ -56,20 +52,30 @@ type server struct {
 
 var _ pluginapi.DevicePluginServer = (*server)(nil)
 
-func newServer(p pool.Pool, rdmaCM string, slots []slot, log *slog.Logger, root string, di *devInfoStore, cdi bool, m *Metrics, onAlloc func([]string)) *server {
-	s := &server{log: log.With("resource", p.ResourceName()), root: root, devInfo: di, cdi: cdi, metrics: m,
+// served is what a server hands out.
+type served struct {
+	pool pool.Pool
+	// rdmaCM is the node's rdma_cm (Scan.RDMACM): a container given an
+	// RDMA device gets it too.
+	rdmaCM string
+	// cdi: the pool's CDI spec is written; Allocate returns CDI names.
+	cdi bool
+}
+
+func newServer(v served, slots []slot, log *slog.Logger, root string, di *devInfoStore, m *Metrics, onAlloc func([]string)) *server {
+	s := &server{log: log.With("resource", v.pool.ResourceName()), root: root, devInfo: di, metrics: m,
 		onAlloc: onAlloc, changed: make(chan struct{})}
-	s.setLocked(p, rdmaCM, slots)
+	s.setLocked(v, slots)
 	return s
 }
 
 // update replaces the pool and its device list and wakes ListAndWatch
 // streams when the kubelet's view changed. It reports whether it did.
-func (s *server) update(p pool.Pool, rdmaCM string, slots []slot) bool {
+func (s *server) update(v served, slots []slot) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	same := sameSlots(s.slots, slots)
-	s.setLocked(p, rdmaCM, slots)
+	s.setLocked(v, slots)
 	if !same {
 		close(s.changed)
 		s.changed = make(chan struct{})
@@ -77,8 +83,8 @@ func (s *server) update(p pool.Pool, rdmaCM string, slots []slot) bool {
 	return !same
 }
 
-func (s *server) setLocked(p pool.Pool, rdmaCM string, slots []slot) {
-	s.res, s.rdmaCM = p, rdmaCM
+func (s *server) setLocked(v served, slots []slot) {
+	s.v = v
 	s.slots = slots
 	s.byID = make(map[string]int, len(slots))
 	for i := range slots {
@@ -90,7 +96,7 @@ func (s *server) setLocked(p pool.Pool, rdmaCM string, slots []slot) {
 			healthy++
 		}
 	}
-	s.metrics.setDevices(p.ResourceName(), len(slots), healthy)
+	s.metrics.setDevices(v.pool.ResourceName(), len(slots), healthy)
 }
 
 // start removes a stale file at sock (a socket of an earlier run), listens
@@ -135,6 +141,13 @@ func (s *server) stop() {
 	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.log.Warn("remove socket", "socket", sock, "err", err)
 	}
+}
+
+// served is what the server hands out now.
+func (s *server) served() served {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.v
 }
 
 func (s *server) socket() string {
@@ -200,8 +213,8 @@ func (s *server) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 		sl := &s.slots[i]
 		all[sl.ID] = candidate{ID: sl.ID, NUMA: sl.NUMA, PF: sl.PF}
 	}
-	policy := s.res.AllocationPolicy
-	name := s.res.ResourceName()
+	policy := s.v.pool.AllocationPolicy
+	name := s.v.pool.ResourceName()
 	s.mu.Unlock()
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for i, cr := range req.ContainerRequests {
@@ -241,7 +254,8 @@ type DeviceInfo struct {
 
 func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	s.mu.Lock()
-	p, rdmaCM := s.res, s.rdmaCM
+	v := s.v
+	p := &v.pool
 	fns, err := s.resolveLocked(req)
 	s.mu.Unlock()
 	if err != nil {
@@ -250,7 +264,7 @@ func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 
 	resp := &pluginapi.AllocateResponse{ContainerResponses: make([]*pluginapi.ContainerAllocateResponse, len(fns))}
 	for i, devs := range fns {
-		resp.ContainerResponses[i] = s.containerResponse(&p, rdmaCM, devs)
+		resp.ContainerResponses[i] = s.containerResponse(v, devs)
 	}
 	if p.Kind == pool.Exclusive {
 		for _, devs := range fns {
@@ -279,7 +293,7 @@ func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 // asked for twice — in one container or in two containers of the call — is
 // an error.
 func (s *server) resolveLocked(req *pluginapi.AllocateRequest) ([][]*nic.Device, error) {
-	name := s.res.ResourceName()
+	name := s.v.pool.ResourceName()
 	total := 0
 	for _, cr := range req.ContainerRequests {
 		total += len(cr.DevicesIds)
@@ -328,7 +342,8 @@ func (s *server) resolveLocked(req *pluginapi.AllocateRequest) ([][]*nic.Device,
 // to AF_INET6) — the index is not stable across hosts or address changes,
 // so hard-coding one would be wrong as soon as an address is added.
 // InfiniBand ports do not need a GID index.
-func (s *server) containerResponse(p *pool.Pool, rdmaCM string, devs []*nic.Device) *pluginapi.ContainerAllocateResponse {
+func (s *server) containerResponse(v served, devs []*nic.Device) *pluginapi.ContainerAllocateResponse {
+	p, rdmaCM := &v.pool, v.rdmaCM
 	cr := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{}}
 	env := EnvName(p.Prefix, p.Name)
 	addrs := make([]string, 0, len(devs))
@@ -354,7 +369,7 @@ func (s *server) containerResponse(p *pool.Pool, rdmaCM string, devs []*nic.Devi
 				ContainerPath: path, HostPath: hostPath(s.root, path), Permissions: "rw",
 			})
 		}
-		if s.cdi {
+		if v.cdi {
 			cr.CdiDevices = append(cr.CdiDevices, &pluginapi.CDIDevice{Name: CDIDeviceName(p, d.PCIAddress)})
 		}
 	}
