@@ -68,7 +68,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	fs.StringVar(&f.devInfoDir, "devinfo-dir", defaultDevInfoDir, "where device-info-spec files for the CNI go; empty disables them")
 	fs.BoolVar(&f.useCDI, "use-cdi", false, "write CDI specs (to --cdi-spec-dir) and return CDI device names from Allocate")
 	fs.StringVar(&f.cdiDir, "cdi-spec-dir", "", "directory for the CDI specs (default "+defaultCDIDir+" with --use-cdi); setting it turns CDI on")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", defaultMetrics, "address for /healthz and /metrics; empty disables them")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", defaultMetrics, "address for /healthz, /readyz and /metrics; empty disables them")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
@@ -129,7 +129,8 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler())
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		mux.Handle("/healthz", probe(m.Healthy))
+		mux.Handle("/readyz", probe(m.Ready))
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -137,7 +138,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 			}
 		}()
 		defer hs.Close()
-		log.Info("serving /healthz and /metrics", "addr", l.Addr().String())
+		log.Info("serving /healthz and /metrics", "addr", l.Addr().String(), "readiness", "/readyz")
 	}
 	log.Info("starting", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion, "config", f.config, "hostRoot", f.hostRoot, "nodeRoot", f.nodeRoot, "kubeletDir", f.kubeletDir, "resources", resourceNames(first.Pools))
 	err = m.Run(ctx, first)
@@ -178,4 +179,17 @@ func resourceNames(pools []pool.Pool) []string {
 		out[i] = pools[i].ResourceName()
 	}
 	return out
+}
+
+// probe answers 200 "ok" while check passes, 503 and the reason when not.
+func probe(check func() error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := check(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, err.Error()+"\n")
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
 }

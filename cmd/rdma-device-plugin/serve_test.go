@@ -207,6 +207,17 @@ func (d *daemon) httpClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{DialContext: dial}, Timeout: 10 * time.Second}
 }
 
+// get fetches a path of the daemon's metrics server: status and body.
+func (d *daemon) get(path string) (int, string) {
+	d.t.Helper()
+	res, err := d.httpClient().Get("http://" + d.metrics + path)
+	require.NoError(d.t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(d.t, err)
+	return res.StatusCode, string(b)
+}
+
 func (d *daemon) registrations(resources ...string) map[string]*pluginapi.RegisterRequest {
 	d.t.Helper()
 	got := map[string]*pluginapi.RegisterRequest{}
@@ -320,15 +331,12 @@ func TestServeFixtureHost(t *testing.T) {
 	require.ErrorContains(t, err, `unknown device ID "0000:99:00.1"`)
 
 	get := func(path string) string {
-		res, err := d.httpClient().Get("http://" + d.metrics + path)
-		require.NoError(t, err)
-		defer res.Body.Close()
-		require.Equal(t, http.StatusOK, res.StatusCode)
-		b, err := io.ReadAll(res.Body)
-		require.NoError(t, err)
-		return string(b)
+		code, body := d.get(path)
+		require.Equal(t, http.StatusOK, code, body)
+		return body
 	}
 	require.Equal(t, "ok\n", get("/healthz"))
+	require.Equal(t, "ok\n", get("/readyz"))
 	m := get("/metrics")
 	require.Contains(t, m, `fastpath_device_plugin_devices{resource="mellanox.com/mlnx_sriov_rdma"} 32`)
 	require.Contains(t, m, `fastpath_device_plugin_allocated_devices_total{resource="mellanox.com/mlnx_sriov_rdma"} 1`)
@@ -447,6 +455,46 @@ func procStatusHex(pid int, fields ...string) (map[string]uint64, error) {
 		return nil, fmt.Errorf("/proc/%d/status: want %v, found %v", pid, fields, out)
 	}
 	return out, nil
+}
+
+// After a driver reload the plugin's /dev may be stale: an empty
+// directory where the host has its char devices. The VFs go Unhealthy and
+// /healthz fails (the liveness probe restarts the plugin); readiness
+// stays, the pools are registered.
+func TestServeStaleDev(t *testing.T) {
+	host := t.TempDir()
+	require.NoError(t, fx.Write(host, "dgx-h100"))
+	d := startDaemon(t, host, config("sriov-dp.json"))
+	regs := d.registrations("mellanox.com/mlnx_sriov_rdma")
+	require.Eventually(t, func() bool { code, _ := d.get("/healthz"); return code == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
+	c := d.client(regs["mellanox.com/mlnx_sriov_rdma"].Endpoint)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	require.NoError(t, err)
+	r, err := stream.Recv()
+	require.NoError(t, err)
+	require.Equal(t, pluginapi.Healthy, health(r)["0000:18:00.1"])
+
+	ib := filepath.Join(host, "dev", "infiniband")
+	require.NoError(t, os.Rename(ib, ib+".old"))
+	require.NoError(t, os.Mkdir(ib, 0o755))
+	for {
+		r, err = stream.Recv()
+		require.NoError(t, err)
+		if health(r)["0000:18:00.1"] == pluginapi.Unhealthy {
+			break
+		}
+	}
+	for id, h := range health(r) {
+		require.Equal(t, pluginapi.Unhealthy, h, id)
+	}
+	code, body := d.get("/healthz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "sysfs lists RDMA char devices that "+ib+" does not have")
+	code, _ = d.get("/readyz")
+	require.Equal(t, http.StatusOK, code)
+	d.stop()
 }
 
 func TestServeStartupErrors(t *testing.T) {

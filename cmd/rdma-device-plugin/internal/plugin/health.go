@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 // linkState is what netlink last told about an interface.
@@ -40,12 +41,19 @@ func (m *Manager) linkEvent(ev LinkEvent) {
 	}
 }
 
-// healthy decides a function's health from the last link events: a PF
+// healthy decides a function's health from the last scan and link events:
+// a function whose RDMA device has no uverbs under /dev is unhealthy; a PF
 // that is oper-down or gone takes its VFs down with it; a VF whose netdev
 // left the host netns is unhealthy unless the kubelet allocated it (a CNI
 // moved the netdev into the pod) and its PCI function still exists.
 // Interfaces netlink never mentioned are taken as healthy.
 func (m *Manager) healthy(d *nic.Device) bool {
+	// A function with an RDMA device whose uverbs is not under /dev (the
+	// driver is reloading, or /dev is not the node's) hands out nothing
+	// NCCL can open.
+	if d.RDMADevice != "" && !d.IsVFIO() && !hasUverbs(d) {
+		return false
+	}
 	if d.PFNetdev != "" {
 		if st, ok := m.links[d.PFNetdev]; ok && (!st.up || st.deleted) {
 			return false
@@ -78,4 +86,13 @@ func (m *Manager) isAllocated(id string) bool {
 	m.allocMu.Lock()
 	defer m.allocMu.Unlock()
 	return m.allocated[id]
+}
+
+func hasUverbs(d *nic.Device) bool {
+	for _, c := range d.CharDevices {
+		if c.Kind == rdma.KindUverbs {
+			return true
+		}
+	}
+	return false
 }

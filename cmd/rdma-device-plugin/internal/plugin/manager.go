@@ -12,14 +12,16 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
-
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
 // settleDelay is how long a burst of events in the kubelet directory is
 // let settle before the servers are reconciled with it.
 const settleDelay = 20 * time.Millisecond
+
+// devSettleDelay is how long changes of the RDMA char devices are let
+// settle before the host is rescanned.
+const devSettleDelay = 200 * time.Millisecond
 
 // Scan is one result of scanning the host and building the pools.
 type Scan struct {
@@ -99,6 +101,8 @@ type Manager struct {
 	kubeletGone bool
 	// registered are the resources registered with that kubelet.
 	registered map[string]bool
+	// status is what the Run goroutine last published for the probes.
+	status probeStatus
 
 	allocMu sync.Mutex // guards the fields below
 	// allocated are the exclusive device IDs the kubelet has allocated;
@@ -152,22 +156,11 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 	if st, err := os.Stat(m.opts.KubeletDir); err != nil || !st.IsDir() {
 		return fmt.Errorf("kubelet directory %s: not a directory (%v): mount the kubelet's device-plugins directory or set --kubelet-dir", m.opts.KubeletDir, err)
 	}
-	w, err := fsnotify.NewWatcher()
+	fw, err := newFileWatch(&m.opts, m.log)
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", m.opts.KubeletDir, err)
+		return err
 	}
-	defer w.Close()
-	if err := w.Add(m.opts.KubeletDir); err != nil {
-		return fmt.Errorf("watch %s: %w", m.opts.KubeletDir, err)
-	}
-	var configDir, configBase string
-	if m.opts.ConfigPath != "" {
-		configDir, configBase = filepath.Split(filepath.Clean(m.opts.ConfigPath))
-		configDir = filepath.Clean(configDir)
-		if err := w.Add(configDir); err != nil {
-			m.log.Warn("config changes will not be noticed until restart", "config", m.opts.ConfigPath, "err", err)
-		}
-	}
+	defer fw.close()
 	defer m.shutdown()
 
 	linkCtx, stopLinks := context.WithCancel(ctx)
@@ -203,38 +196,32 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 	settle := time.NewTimer(time.Hour)
 	settle.Stop()
 	defer settle.Stop()
+	// A driver reload removes and creates every char device: a burst,
+	// answered with one rescan.
+	devSettle := time.NewTimer(time.Hour)
+	devSettle.Stop()
+	defer devSettle.Stop()
 
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case ev, ok := <-w.Events:
+		case ev, ok := <-fw.w.Events:
 			if !ok {
 				return nil
 			}
-			dir, base := filepath.Split(ev.Name)
-			dir = filepath.Clean(dir)
-			switch {
-			case dir == filepath.Clean(m.opts.KubeletDir):
-				// Events can arrive after the state they describe changed
-				// again; reconcile looks at the directory, not the event.
-				if base == KubeletSocket && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) {
-					// Whatever kubelet.sock exists after this is a new
-					// kubelet, even when the file system hands it the old
-					// inode and (coarse) ctime.
-					m.kubeletGone = true
-				}
-				if base == KubeletSocket || m.ownSocket(ev.Name) {
-					settle.Reset(settleDelay)
-				}
-			case configDir != "" && dir == configDir:
-				// ConfigMap volumes swap a "..data" symlink, so any write,
-				// create or rename in the directory may change the file.
-				if base == configBase || len(base) > 1 && base[:2] == ".." {
-					m.rescan(ctx, true, ticker)
-				}
+			switch fw.classify(ev, m.ownSocket) {
+			case kubeletRemoved:
+				m.kubeletGone = true
+				settle.Reset(settleDelay)
+			case kubeletChange:
+				settle.Reset(settleDelay)
+			case configChange:
+				m.rescan(ctx, true, ticker)
+			case devChange:
+				devSettle.Reset(devSettleDelay)
 			}
-		case err, ok := <-w.Errors:
+		case err, ok := <-fw.w.Errors:
 			if ok {
 				m.log.Warn("file watch error", "err", err)
 			}
@@ -251,6 +238,8 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 			m.rescan(ctx, false, ticker)
 		case <-settle.C:
 			schedule(m.reconcile(ctx))
+		case <-devSettle.C:
+			m.rescan(ctx, false, ticker)
 		case <-retry.C:
 			schedule(m.reconcile(ctx))
 		}
@@ -365,6 +354,7 @@ func (m *Manager) apply(scan Scan) {
 		}
 		m.updateServer(r, s, v, slots, "rescan")
 	}
+	m.publish()
 }
 
 // updateServer pushes new slots and logs each device whose state changed.

@@ -45,6 +45,12 @@ func statID(path string) (fileID, error) {
 // and registered. It reports whether every server is registered (false
 // schedules a retry).
 func (m *Manager) reconcile(ctx context.Context) bool {
+	ok := m.reconcileOnce(ctx)
+	m.publish()
+	return ok
+}
+
+func (m *Manager) reconcileOnce(ctx context.Context) bool {
 	id, err := statID(m.kubeletSock())
 	if err != nil {
 		if m.kubelet != (fileID{}) || len(m.registered) > 0 {
