@@ -39,6 +39,7 @@ import (
 var pluginFlagDefaults = map[string]string{
 	"config":       "/etc/fastpath/config.json",
 	"host-root":    "/",
+	"node-root":    "/",
 	"kubelet-dir":  "/var/lib/kubelet/device-plugins",
 	"devinfo-dir":  "/var/run/k8s.cni.cncf.io/devinfo/dp",
 	"metrics-addr": ":8478",
@@ -358,6 +359,26 @@ func requireHostDir(t *testing.T, spec *corev1.PodSpec, c *corev1.Container, p s
 	require.Equal(t, readOnly, vm.ReadOnly, "%s: readOnly", p)
 }
 
+// requireUnderHostRoot checks that the node's directory p is mounted
+// read-only at <hostRoot>/p through a hostPath volume of p.
+func requireUnderHostRoot(t *testing.T, spec *corev1.PodSpec, c *corev1.Container, hostRoot, p string) {
+	t.Helper()
+	want := path.Join(hostRoot, p)
+	vm, v := mountFor(t, spec, c, want)
+	require.NotNil(t, v.HostPath, "%s: volume %s is not a hostPath", want, v.Name)
+	require.Equal(t, want, vm.MountPath, "%s: mounted at %s", want, vm.MountPath)
+	require.Equal(t, p, v.HostPath.Path, "%s: host path %s", want, v.HostPath.Path)
+	require.True(t, vm.ReadOnly, "%s: readOnly", want)
+}
+
+// pluginFlag is a flag's value: as given, or its default.
+func pluginFlag(flags map[string]string, name string) string {
+	if v, ok := flags[name]; ok {
+		return v
+	}
+	return pluginFlagDefaults[name]
+}
+
 func TestDaemonSet(t *testing.T) {
 	requireDaemonSet(t, loadManifests(t))
 }
@@ -391,7 +412,7 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 		}
 	}
 	require.ElementsMatch(t, append([]string{
-		"/var/lib/kubelet/device-plugins", "/sys", "/dev/infiniband",
+		"/var/lib/kubelet/device-plugins", "/sys", "/dev",
 		"/var/run/k8s.cni.cncf.io/devinfo/dp", hostCNIBinDir,
 	}, extraHostPaths...), hostPaths)
 
@@ -419,7 +440,8 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	c := container(t, spec.Containers, "rdma-device-plugin")
 	require.Equal(t, pluginBinary, c.Command[0])
 	flags := pluginFlags(t, c)
-	require.Equal(t, "/", flags["host-root"], "sysfs and /dev are mounted at their own paths")
+	require.Equal(t, "/host", flags["host-root"], "the node's /sys and /dev are read under /host")
+	require.Equal(t, "/", pluginFlag(flags, "node-root"), "what the plugin hands the kubelet are the node's own /dev paths")
 
 	// The config file is the ConfigMap's key, mounted as a directory (a
 	// subPath mount never sees an edit).
@@ -430,8 +452,10 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	require.Empty(t, vm.SubPath)
 	require.Equal(t, flags["config"], path.Join(vm.MountPath, "config.json"))
 
-	requireHostDir(t, spec, c, "/sys", true)
-	requireHostDir(t, spec, c, "/dev/infiniband", true)
+	// The node's /sys and its whole /dev (a mount of /dev/infiniband alone
+	// goes stale when the RDMA modules reload), read-only under --host-root.
+	requireUnderHostRoot(t, spec, c, flags["host-root"], "/sys")
+	requireUnderHostRoot(t, spec, c, flags["host-root"], "/dev")
 	requireHostDir(t, spec, c, flags["kubelet-dir"], false)
 	requireHostDir(t, spec, c, flags["devinfo-dir"], false)
 
@@ -441,7 +465,7 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
 		require.NotNil(t, probe, "%s probe", name)
 		require.NotNil(t, probe.HTTPGet, "%s probe", name)
-		require.Equal(t, "/healthz", probe.HTTPGet.Path, "%s probe", name)
+		require.Equal(t, map[string]string{"liveness": "/healthz", "readiness": "/readyz"}[name], probe.HTTPGet.Path, "%s probe", name)
 		port := probe.HTTPGet.Port.String()
 		if probe.HTTPGet.Port.IntValue() == 0 { // a named port
 			i := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == port })
