@@ -32,8 +32,8 @@ const (
 )
 
 type serveFlags struct {
-	config, resourcePrefix, hostRoot, nodeRoot, kubeletDir, devInfoDir, cdiDir, metricsAddr, logLevel string
-	useCDI, version                                                                                   bool
+	config, resourcePrefix, hostRoot, nodeRoot, kubeletDir, podResources, devInfoDir, cdiDir, metricsAddr, logLevel string
+	useCDI, version                                                                                                 bool
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -65,6 +65,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	fs.StringVar(&f.hostRoot, "host-root", "/", "where the plugin reads the node's sysfs (DIR/sys) and devices (DIR/dev), e.g. /host with the node's / mounted there")
 	fs.StringVar(&f.nodeRoot, "node-root", "/", "what --host-root is on the node: device paths handed to the kubelet and written to CDI specs are under it")
 	fs.StringVar(&f.kubeletDir, "kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (holds kubelet.sock)")
+	fs.StringVar(&f.podResources, "pod-resources-socket", plugin.DefaultPodResourcesSocket, "the kubelet's PodResources API, asked which VFs live pods hold; empty: go by the Allocate calls seen")
 	fs.StringVar(&f.devInfoDir, "devinfo-dir", defaultDevInfoDir, "where device-info-spec files for the CNI go; empty disables them")
 	fs.BoolVar(&f.useCDI, "use-cdi", false, "write CDI specs (to --cdi-spec-dir) and return CDI device names from Allocate")
 	fs.StringVar(&f.cdiDir, "cdi-spec-dir", "", "directory for the CDI specs (default "+defaultCDIDir+" with --use-cdi); setting it turns CDI on")
@@ -109,9 +110,13 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	}
 	build := version.Get()
 	metrics := plugin.NewMetrics(build)
+	var held plugin.PodDevices
+	if f.podResources != "" {
+		held = plugin.KubeletPodResources{Socket: f.podResources}
+	}
 	m, err := plugin.NewManager(plugin.Options{
 		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, NodeRoot: f.nodeRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
-		ConfigPath: f.config, Scan: src.Scan, Metrics: metrics, Log: log, ReleaseMemory: true,
+		ConfigPath: f.config, Scan: src.Scan, Metrics: metrics, Log: log, ReleaseMemory: true, PodResources: held,
 		// Every pool is served here; a second API (DRA) takes its pools
 		// by turning them down in Serves.
 		Serves: nil,

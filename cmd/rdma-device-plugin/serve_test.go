@@ -138,7 +138,9 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 	require.NoError(t, d.stub.Start())
 	t.Cleanup(d.stub.Stop)
 	args := []string{"--host-root", host, "--config", config, "--kubelet-dir", d.dir,
-		"--devinfo-dir", d.devinfo, "--cdi-spec-dir", d.cdi, "--metrics-addr", d.metrics}
+		"--devinfo-dir", d.devinfo, "--cdi-spec-dir", d.cdi, "--metrics-addr", d.metrics,
+		// Not the machine's kubelet, if it has one.
+		"--pod-resources-socket", filepath.Join(base, "pod-resources.sock")}
 	args = append(args, o.args...)
 	if os.Geteuid() == 0 {
 		// A network namespace of its own: the daemon's netlink link
@@ -532,7 +534,7 @@ func TestServeStartupErrors(t *testing.T) {
 // The flags the peer plugins' manifests pass are accepted.
 func TestServeFlags(t *testing.T) {
 	want := func(mod func(f *serveFlags)) serveFlags {
-		f := serveFlags{config: defaultConfig, resourcePrefix: "mellanox.com", hostRoot: "/", nodeRoot: "/", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
+		f := serveFlags{config: defaultConfig, resourcePrefix: "mellanox.com", hostRoot: "/", nodeRoot: "/", podResources: "/var/lib/kubelet/pod-resources/kubelet.sock", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
 			metricsAddr: defaultMetrics, logLevel: "info"}
 		if mod != nil {
 			mod(&f)

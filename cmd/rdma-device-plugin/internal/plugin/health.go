@@ -1,10 +1,13 @@
 package plugin
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
@@ -35,6 +38,13 @@ func (m *Manager) linkEvent(ev LinkEvent) {
 	if known && old == st {
 		return
 	}
+	if !ev.Deleted {
+		// A VF's netdev back in the host netns: whatever held it let go.
+		if addr, ok := m.vfOfNetdev[ev.Name]; ok {
+			m.forgetAllocated(addr)
+		}
+	}
+	m.refreshHeld()
 	for r, s := range m.servers {
 		p := m.pools[r]
 		m.updateServer(r, s, s.served(), buildSlots(&p, m.healthy), "link "+ev.Name)
@@ -44,9 +54,9 @@ func (m *Manager) linkEvent(ev LinkEvent) {
 // healthy decides a function's health from the last scan and link events:
 // a function whose RDMA device has no uverbs under /dev is unhealthy; a PF
 // that is oper-down or gone takes its VFs down with it; a VF whose netdev
-// left the host netns is unhealthy unless the kubelet allocated it (a CNI
-// moved the netdev into the pod) and its PCI function still exists.
-// Interfaces netlink never mentioned are taken as healthy.
+// left the host netns is unhealthy unless a live pod holds it (a CNI moved
+// the netdev into the pod: see refreshHeld) and its PCI function still
+// exists. Interfaces netlink never mentioned are taken as healthy.
 func (m *Manager) healthy(d *nic.Device) bool {
 	// A function with an RDMA device whose uverbs is not under /dev (the
 	// driver is reloading, or /dev is not the node's) hands out nothing
@@ -61,7 +71,7 @@ func (m *Manager) healthy(d *nic.Device) bool {
 	}
 	if d.IsVF() && d.Netdev != "" {
 		if st, ok := m.links[d.Netdev]; ok && st.deleted {
-			if !m.isAllocated(d.PCIAddress) || !m.pciExists(d.PCIAddress) {
+			if !m.isHeld(d.PCIAddress) || !m.pciExists(d.PCIAddress) {
 				return false
 			}
 		}
@@ -74,12 +84,73 @@ func (m *Manager) pciExists(addr string) bool {
 	return err == nil
 }
 
+// refreshHeld asks the kubelet which devices live pods hold, when a VF's
+// netdev is out of the host netns (the only case health asks). Without an
+// answer (no PodResources socket, an error) it falls back to the devices
+// this process has seen allocated and not since seen come back: a pod
+// that ended returns its VF's netdev to the host netns.
+func (m *Manager) refreshHeld() {
+	m.held = nil
+	if m.opts.PodResources == nil || !m.anyVFOut() {
+		return
+	}
+	resources := make(map[string]bool, len(m.pools))
+	for r, p := range m.pools {
+		if p.Kind == pool.Exclusive {
+			resources[r] = true
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), podResourcesTimeout)
+	defer cancel()
+	held, err := m.opts.PodResources.Held(ctx, resources)
+	if err != nil {
+		if !m.heldFailed {
+			m.log.Warn("cannot ask the kubelet which VFs live pods hold; health goes by the Allocate calls seen since start", "err", err)
+		}
+		m.heldFailed = true
+		return
+	}
+	if m.heldFailed {
+		m.log.Info("the kubelet's PodResources API answers again")
+	}
+	m.heldFailed = false
+	m.held = held
+}
+
+// podResourcesTimeout bounds one PodResources List.
+const podResourcesTimeout = time.Second
+
+// anyVFOut reports whether a watched VF netdev is out of the host netns.
+func (m *Manager) anyVFOut() bool {
+	for n := range m.vfOfNetdev {
+		if m.links[n].deleted {
+			return true
+		}
+	}
+	return false
+}
+
+// isHeld reports whether a live pod holds the VF at addr: the kubelet's
+// answer when refreshHeld got one, else the Allocate calls seen.
+func (m *Manager) isHeld(addr string) bool {
+	if m.held != nil {
+		return m.held[addr]
+	}
+	return m.isAllocated(addr)
+}
+
 func (m *Manager) markAllocated(ids []string) {
 	m.allocMu.Lock()
 	defer m.allocMu.Unlock()
 	for _, id := range ids {
 		m.allocated[id] = true
 	}
+}
+
+func (m *Manager) forgetAllocated(id string) {
+	m.allocMu.Lock()
+	defer m.allocMu.Unlock()
+	delete(m.allocated, id)
 }
 
 func (m *Manager) isAllocated(id string) bool {

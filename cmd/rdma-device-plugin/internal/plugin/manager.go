@@ -59,10 +59,13 @@ type Options struct {
 	// all of them). A pool is served by one API, never both: the pools it
 	// turns down are left to another (a DRA driver), and get no socket,
 	// no registration and no CDI spec from here.
-	Serves  func(p *pool.Pool) bool
-	Links   LinkSource // nil: no event-driven health
-	Metrics *Metrics   // nil: no metrics
-	Log     *slog.Logger
+	Serves func(p *pool.Pool) bool
+	Links  LinkSource // nil: no event-driven health
+	// PodResources says which VFs live pods hold (health of a VF whose
+	// netdev left the host netns); nil: the Allocate calls seen decide.
+	PodResources PodDevices
+	Metrics      *Metrics // nil: no metrics
+	Log          *slog.Logger
 	// RegisterTimeout bounds one Register call (default 5 s);
 	// RetryInterval is the wait before retrying a failed registration
 	// (default 200 ms).
@@ -91,8 +94,15 @@ type Manager struct {
 	links   map[string]linkState
 	// watched are the netdevs (VF and PF) of the pools' devices: the
 	// links whose events change health.
-	watched  map[string]bool
-	interval time.Duration
+	watched map[string]bool
+	// vfOfNetdev maps the exclusive pools' VF netdevs to their PCI
+	// addresses.
+	vfOfNetdev map[string]string
+	// held are the VFs live pods hold, as refreshHeld last learnt from
+	// the kubelet (nil: unknown); heldFailed says the last ask failed.
+	held       map[string]bool
+	heldFailed bool
+	interval   time.Duration
 	// kubelet is the identity of the kubelet.sock we registered with.
 	kubelet fileID
 	// kubeletGone is set by a Remove event of kubelet.sock: the next one
@@ -105,9 +115,9 @@ type Manager struct {
 	status probeStatus
 
 	allocMu sync.Mutex // guards the fields below
-	// allocated are the exclusive device IDs the kubelet has allocated;
-	// their netdevs leave the host netns when a CNI moves them into a pod,
-	// which is not a fault.
+	// allocated are the exclusive device IDs the kubelet has allocated
+	// and whose netdevs have not come back to the host netns since: the
+	// fallback when the kubelet cannot say which VFs live pods hold.
 	allocated map[string]bool
 }
 
@@ -143,7 +153,7 @@ func NewManager(opts Options) (*Manager, error) {
 	}
 	return &Manager{
 		opts: opts, log: opts.Log, devInfo: newDevInfoStore(opts.DevInfoDir), cdi: cdi,
-		servers: map[string]*server{}, pools: map[string]pool.Pool{}, links: map[string]linkState{}, watched: map[string]bool{},
+		servers: map[string]*server{}, pools: map[string]pool.Pool{}, links: map[string]linkState{}, watched: map[string]bool{}, vfOfNetdev: map[string]string{},
 		registered: map[string]bool{}, allocated: map[string]bool{},
 	}, nil
 }
@@ -313,12 +323,17 @@ func (m *Manager) apply(scan Scan) {
 		m.log.Info("pool removed", "resource", r)
 	}
 	clear(m.watched)
+	clear(m.vfOfNetdev)
 	for _, p := range next {
 		for i := range p.Devices {
-			for _, n := range []string{p.Devices[i].Netdev, p.Devices[i].PFNetdev} {
+			d := &p.Devices[i]
+			for _, n := range []string{d.Netdev, d.PFNetdev} {
 				if n != "" {
 					m.watched[n] = true
 				}
+			}
+			if p.Kind == pool.Exclusive && d.IsVF() && d.Netdev != "" {
+				m.vfOfNetdev[d.Netdev] = d.PCIAddress
 			}
 		}
 	}
@@ -327,6 +342,10 @@ func (m *Manager) apply(scan Scan) {
 			delete(m.links, n)
 		}
 	}
+	for r, p := range next {
+		m.pools[r] = p
+	}
+	m.refreshHeld()
 	names := make([]string, 0, len(next))
 	for r := range next {
 		names = append(names, r)
