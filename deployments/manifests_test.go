@@ -37,15 +37,16 @@ import (
 // The device plugin's flag defaults (cmd/rdma-device-plugin/serve.go), for
 // flags the DaemonSet leaves out.
 var pluginFlagDefaults = map[string]string{
-	"config":       "/etc/fastpath/config.json",
-	"host-root":    "/",
-	"node-root":    "/",
-	"kubelet-dir":  "/var/lib/kubelet/device-plugins",
-	"devinfo-dir":  "/var/run/k8s.cni.cncf.io/devinfo/dp",
-	"metrics-addr": ":8478",
-	"log-level":    "info",
-	"cdi-spec-dir": "",
-	"use-cdi":      "false",
+	"config":               "/etc/fastpath/config.json",
+	"host-root":            "/",
+	"node-root":            "/",
+	"pod-resources-socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+	"kubelet-dir":          "/var/lib/kubelet/device-plugins",
+	"devinfo-dir":          "/var/run/k8s.cni.cncf.io/devinfo/dp",
+	"metrics-addr":         ":8478",
+	"log-level":            "info",
+	"cdi-spec-dir":         "",
+	"use-cdi":              "false",
 }
 
 // pluginBoolFlags may be given without a value (--use-cdi).
@@ -412,7 +413,7 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 		}
 	}
 	require.ElementsMatch(t, append([]string{
-		"/var/lib/kubelet/device-plugins", "/sys", "/dev",
+		"/var/lib/kubelet/device-plugins", "/sys", "/dev", "/var/lib/kubelet/pod-resources",
 		"/var/run/k8s.cni.cncf.io/devinfo/dp", hostCNIBinDir,
 	}, extraHostPaths...), hostPaths)
 
@@ -458,6 +459,7 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	requireUnderHostRoot(t, spec, c, flags["host-root"], "/dev")
 	requireHostDir(t, spec, c, flags["kubelet-dir"], false)
 	requireHostDir(t, spec, c, flags["devinfo-dir"], false)
+	requireHostDir(t, spec, c, path.Dir(pluginFlag(flags, "pod-resources-socket")), true)
 
 	// Liveness and readiness on the port --metrics-addr listens on.
 	_, portStr, err := net.SplitHostPort(flags["metrics-addr"])
