@@ -3,10 +3,12 @@
 //
 //	rdma-device-plugin [flags]              serve the pools to the kubelet
 //	rdma-device-plugin discover [flags]     print what the node has
+//	rdma-device-plugin doctor [flags]       say why NCCL would not use RDMA here
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -23,8 +25,15 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "rdma-device-plugin: %v\n", err)
-		os.Exit(1)
+		code := 1
+		var ec interface{ ExitCode() int }
+		if errors.As(err, &ec) {
+			code = ec.ExitCode()
+		}
+		if err.Error() != "" {
+			fmt.Fprintf(os.Stderr, "rdma-device-plugin: %v\n", err)
+		}
+		os.Exit(code)
 	}
 }
 
@@ -34,6 +43,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		switch args[0] {
 		case "discover":
 			return runDiscover(ctx, args[1:], stdout, stderr)
+		case "doctor":
+			return runDoctor(ctx, args[1:], stdout, stderr)
 		case "serve":
 			return runServe(ctx, args[1:], stdout, stderr)
 		}

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// runDoctorCmd runs `rdma-device-plugin doctor args…` and returns stdout,
+// stderr and the exit status main would use.
+func runDoctorCmd(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errs bytes.Buffer
+	err := run(context.Background(), append([]string{"doctor"}, args...), &out, &errs)
+	code := 0
+	if err != nil {
+		var ec *exitError
+		require.True(t, errors.As(err, &ec), "doctor returned %v", err)
+		code = ec.ExitCode()
+		if ec.Error() != "" {
+			errs.WriteString(ec.Error())
+		}
+	}
+	return out.String(), errs.String(), code
+}
+
+// offline skips what the fixture host has no part of: this machine's
+// kubelet and CNI directories.
+var offline = []string{"--kubelet-dir", "", "--cni-bin-dir", "", "--cni-conf-dir", ""}
+
+func TestDoctorTable(t *testing.T) {
+	// The committed fixture's /dev/infiniband entries are plain files
+	// (git cannot hold device nodes): doctor says so, and fails.
+	out, _, code := runDoctorCmd(t, append([]string{"--host-root", fixture("dgx-h100"), "--config", config("combined.json")}, offline...)...)
+	require.Equal(t, 2, code)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.True(t, strings.HasPrefix(lines[0], "STATUS"), lines[0])
+	require.True(t, strings.HasPrefix(lines[1], "FAIL"), "failures first: %s", lines[1])
+	require.Contains(t, lines[1], "not char devices")
+	require.Contains(t, lines[1], "→ mount the node's devtmpfs", "the fix beside the finding")
+	require.Contains(t, out, "gpu-affinity")
+	require.Regexp(t, `\n1 failed, 0 warnings, 0 skipped, \d+ ok$`, strings.TrimSpace(out))
+}
+
+func TestDoctorJSON(t *testing.T) {
+	out, _, code := runDoctorCmd(t, append([]string{"--host-root", fixture("roce-cx6dx"), "--config", "", "-o", "json"}, offline...)...)
+	require.Equal(t, 2, code)
+	var v struct {
+		Checks []map[string]any `json:"checks"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	require.NotEmpty(t, v.Checks)
+	for _, c := range v.Checks {
+		for _, k := range []string{"name", "status", "subject", "message", "fix"} {
+			require.Contains(t, c, k)
+		}
+		require.Contains(t, []any{"ok", "warn", "fail", "skip"}, c["status"])
+	}
+}
+
+func TestDoctorConfigDefaultAndErrors(t *testing.T) {
+	host := fixture("edge")
+	// A config given explicitly that does not exist is a failure; the
+	// default one missing means "no config".
+	out, _, _ := runDoctorCmd(t, append([]string{"--host-root", host, "--config", filepath.Join(t.TempDir(), "nope.json")}, offline...)...)
+	require.Contains(t, out, "pool config file does not exist")
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"resourceList":[{"resourceName":"x","selectors":{"drivers":["mlx5_ib"]}}]}`), 0o644))
+	out, _, code := runDoctorCmd(t, append([]string{"--host-root", host, "--config", bad}, offline...)...)
+	require.Equal(t, 2, code)
+	require.Regexp(t, `FAIL\s+config\s+.*bad\.json.*mlx5_ib`, out)
+
+	for _, args := range [][]string{{"-o", "yaml"}, {"--pod", "-1"}, {"extra"}, {"--no-such-flag"}} {
+		_, errs, code := runDoctorCmd(t, args...)
+		require.Equal(t, 2, code, "%v", args)
+		require.NotEmpty(t, errs, "%v says why", args)
+	}
+	_, errs, code := runDoctorCmd(t, "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, errs, "Exit status: 0 all ok, 1 warnings only, 2 any failure")
+}

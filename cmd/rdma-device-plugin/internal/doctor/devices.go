@@ -1,0 +1,215 @@
+package doctor
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
+)
+
+// module is a kernel module NCCL's path to the NIC needs.
+type module struct {
+	name string
+	// missing is the verdict when it is not loaded.
+	missing Status
+	// evidence is a sysfs path (below /sys) that exists when the module's
+	// work is there: a module built into the kernel may have no
+	// /sys/module entry.
+	evidence string
+	why      string
+}
+
+var modules = []module{
+	{"mlx5_core", Fail, "bus/pci/drivers/mlx5_core", "the ConnectX driver: no netdevs, no VFs, no RDMA devices without it"},
+	{"mlx5_ib", Fail, "class/infiniband/mlx5_*", "the ConnectX RDMA devices (mlx5_N): without it NCCL logs \"NET/IB : No device found\" and uses sockets"},
+	{"ib_uverbs", Fail, "class/infiniband_verbs/uverbs*", "/dev/infiniband/uverbsN, the device NCCL opens"},
+	{"ib_umad", Warn, "class/infiniband_mad/umad*", "umadN/issmN: ibstat, UCX and subnet-manager tools need them (NCCL does not)"},
+	{"rdma_ucm", Warn, "class/misc/rdma_cm", "/dev/infiniband/rdma_cm: RDMA CM users (UCX, MPI) need it; the plugin hands it to every pod"},
+}
+
+func (h *host) checkModules() {
+	var loaded []string
+	for _, m := range modules {
+		dir := h.sys("module", m.name)
+		if _, err := os.Stat(dir); err == nil {
+			if st, err := read(filepath.Join(dir, "initstate")); err == nil && st != "live" {
+				h.addf("kernel-module", Warn, m.name, "wait, or check dmesg for "+m.name+" errors",
+					"%s is %q, not live: it is being loaded or unloaded right now", m.name, st)
+				continue
+			}
+			loaded = append(loaded, m.name)
+			continue
+		}
+		if found, _ := filepath.Glob(h.sys(m.evidence)); len(found) > 0 {
+			loaded = append(loaded, m.name+" (built in)")
+			continue
+		}
+		h.addf("kernel-module", m.missing, m.name,
+			fmt.Sprintf("modprobe %s, and load it at boot (echo %s >> /etc/modules-load.d/rdma.conf); with the NVIDIA network operator, check its driver container", m.name, m.name),
+			"%s is not loaded (no %s): %s", m.name, h.sys("module", m.name), m.why)
+	}
+	if len(loaded) > 0 {
+		h.add("kernel-module", OK, strings.Join(loaded, ", "), "loaded", "")
+	}
+}
+
+// classDev is a char device as sysfs registers it.
+type classDev struct {
+	name, ibdev, devno string // "uverbs14", "mlx5_12", "231:206"
+}
+
+// classDevs lists the RDMA char devices sysfs knows, by RDMA device.
+func (h *host) classDevs() map[string][]classDev {
+	out := map[string][]classDev{}
+	for _, class := range []string{"infiniband_verbs", "infiniband_mad"} {
+		ents, _ := os.ReadDir(h.sys("class", class))
+		for _, e := range ents {
+			ibdev, err := read(h.sys("class", class, e.Name(), "ibdev"))
+			if err != nil {
+				continue // abi_version and being-removed entries
+			}
+			devno, err := read(h.sys("class", class, e.Name(), "dev"))
+			if err != nil {
+				continue
+			}
+			out[ibdev] = append(out[ibdev], classDev{name: e.Name(), ibdev: ibdev, devno: devno})
+		}
+	}
+	return out
+}
+
+// nodeProblem says what is wrong with <devDir>/<name> for a device sysfs
+// numbers devno; "" when nothing.
+func nodeProblem(devDir, name, devno string) (kind, detail string) {
+	path := filepath.Join(devDir, name)
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "missing", name
+		}
+		return "unreadable", fmt.Sprintf("%s (%v)", name, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return "not a char device", name
+	}
+	if got := fmt.Sprintf("%d:%d", unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))); got != devno {
+		return "stale", fmt.Sprintf("%s is %s, sysfs says %s", name, got, devno)
+	}
+	return "", ""
+}
+
+func (h *host) checkCharDevices() {
+	const name = "char-device"
+	devDir := filepath.Join(h.root, rdma.DevDir)
+	if _, err := os.Stat(devDir); err != nil {
+		h.addf(name, Fail, devDir, "modprobe mlx5_ib ib_uverbs; in the plugin's pod, the DaemonSet mounts the node's /dev/infiniband",
+			"%s does not exist: no RDMA char devices at all, so no pod can open an HCA", devDir)
+		return
+	}
+	byIB := h.classDevs()
+	type finding struct{ ibdevs, details []string }
+	found := map[string]*finding{}
+	var kinds []string
+	note := func(kind, ibdev, detail string) {
+		f := found[kind]
+		if f == nil {
+			f = &finding{}
+			found[kind] = f
+			kinds = append(kinds, kind)
+		}
+		if !slices.Contains(f.ibdevs, ibdev) {
+			f.ibdevs = append(f.ibdevs, ibdev)
+		}
+		f.details = append(f.details, detail)
+	}
+	expected, checked := 0, 0
+	known := map[string]bool{}
+	for _, devs := range byIB {
+		for _, c := range devs {
+			known[c.name] = true
+		}
+	}
+	for _, d := range h.targets {
+		if d.RDMADevice == "" {
+			continue
+		}
+		checked++
+		devs := byIB[d.RDMADevice]
+		hasUverbs := false
+		for _, c := range devs {
+			expected++
+			hasUverbs = hasUverbs || strings.HasPrefix(c.name, rdma.KindUverbs)
+			if kind, detail := nodeProblem(devDir, c.name, c.devno); kind != "" {
+				note(kind, d.RDMADevice, detail)
+			}
+		}
+		if !hasUverbs {
+			note("no uverbs in sysfs", d.RDMADevice, d.RDMADevice)
+		}
+	}
+	if cm, err := read(h.sys("class", "misc", "rdma_cm", "dev")); err == nil {
+		known["rdma_cm"] = true
+		expected++
+		if kind, detail := nodeProblem(devDir, "rdma_cm", cm); kind != "" {
+			note(kind, "rdma_cm", detail)
+		}
+	}
+	present, _ := os.ReadDir(devDir)
+	if expected > 0 && len(present) == 0 {
+		h.addf(name, Fail, devDir,
+			"in the plugin's pod: kubectl -n fastpath delete pod <the node's rdma-device-plugin pod> (its new pod mounts the current directory); on the node: udevadm trigger --subsystem-match=infiniband_verbs --subsystem-match=infiniband_mad --action=add",
+			"%s is empty but sysfs lists %s: if this runs in a container, the node's RDMA modules were reloaded after it started and its mount still holds the old, emptied directory (the stale /dev after a driver reload)",
+			devDir, plural(expected, "char device", "char devices"))
+		return
+	}
+	for _, kind := range kinds {
+		f := found[kind]
+		st, fix, what := Fail, "", ""
+		switch kind {
+		case "missing":
+			what = "in sysfs but missing under " + devDir + " (a pod given these devices fails to start)"
+			fix = "udevadm trigger --subsystem-match=infiniband_verbs --subsystem-match=infiniband_mad --action=add on the node; in the plugin's pod, restart it after a driver reload"
+		case "not a char device":
+			what = "not char devices (regular files or directories: a copied or hand-made /dev, not the kernel's)"
+			fix = "mount the node's devtmpfs /dev/infiniband (hostPath) instead of a copy"
+		case "stale":
+			what = "stale: another device's major:minor, made before a driver reload renumbered the devices, so a pod would open the wrong HCA"
+			fix = "recreate them from sysfs: udevadm trigger --subsystem-match=infiniband_verbs --subsystem-match=infiniband_mad --action=add (or reboot); restart the plugin's pod"
+		case "no uverbs in sysfs":
+			what = "no uverbsN in sysfs (ib_uverbs is not loaded or did not bind them)"
+			fix = "modprobe ib_uverbs"
+		default:
+			st, what, fix = Warn, "not readable", "run doctor as root"
+		}
+		h.addf(name, st, list(f.ibdevs, 4), fix, "%s: %s", what, list(f.details, 6))
+	}
+	if extra := extraNodes(present, known); len(extra) > 0 && expected > 0 {
+		h.addf(name, Warn, devDir, "remove them: they name no device (udevadm trigger recreates the real ones)",
+			"%s under %s: no device of that name in sysfs (left over from before a driver reload?)", list(extra, 6), devDir)
+	}
+	if len(kinds) == 0 && checked > 0 {
+		h.addf(name, OK, devDir, "", "%s: every uverbs/umad/issm node matches the major:minor sysfs gives; rdma_cm present",
+			plural(checked, "RDMA device", "RDMA devices"))
+	}
+}
+
+// extraNodes are uverbs/umad/issm nodes sysfs does not know.
+func extraNodes(present []os.DirEntry, known map[string]bool) []string {
+	var out []string
+	for _, e := range present {
+		n := e.Name()
+		kind := strings.TrimRight(n, "0123456789")
+		if kind == n || known[n] || (kind != rdma.KindUverbs && kind != rdma.KindUmad && kind != rdma.KindIssm) {
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
