@@ -277,7 +277,10 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 	if err := <-exited; err != nil {
 		return fmt.Errorf("device plugin exit: %v; log:\n%s", err, dpLog.String())
 	}
-	return d.checkClean(chosen, infos, stateDir, devinfoDir, kdir)
+	if err := d.checkClean(chosen, infos, stateDir, devinfoDir, kdir); err != nil {
+		return err
+	}
+	return d.doctor(ctx, stub, bin, kdir, config)
 }
 
 func (d *demo) showPod(path string) error {
