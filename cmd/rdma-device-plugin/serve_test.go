@@ -87,6 +87,7 @@ type daemon struct {
 	metrics string
 	netns   string // the daemon's network namespace (ip netns name); "" = the test's
 	stub    *kubeletstub.Stub
+	argv    []string // the command spawn runs
 	cmd     *exec.Cmd
 	log     *syncBuffer
 	done    chan error
@@ -150,17 +151,13 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 		// parallel). Its unix sockets are reachable from anywhere;
 		// /metrics is reached through a dialer in that netns.
 		d.netns = privateNetns(t)
-		cmd := []string{"netns", "exec", d.netns}
+		d.argv = []string{"ip", "netns", "exec", d.netns}
 		if o.dropCaps {
-			cmd = append(cmd, "setpriv", "--no-new-privs", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all")
+			d.argv = append(d.argv, "setpriv", "--no-new-privs", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all")
 		}
-		d.cmd = exec.Command("ip", append(append(cmd, bin), args...)...)
-	} else {
-		d.cmd = exec.Command(bin, args...)
 	}
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	require.NoError(t, d.cmd.Start())
-	go func() { d.done <- d.cmd.Wait() }()
+	d.argv = append(append(d.argv, bin), args...)
+	d.spawn()
 	t.Cleanup(func() {
 		if d.cmd.ProcessState == nil {
 			_ = d.cmd.Process.Kill()
@@ -171,6 +168,23 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 		}
 	})
 	return d
+}
+
+// spawn starts the daemon's command (again, after kill).
+func (d *daemon) spawn() {
+	d.t.Helper()
+	d.cmd = exec.Command(d.argv[0], d.argv[1:]...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	d.done = make(chan error, 1)
+	require.NoError(d.t, d.cmd.Start())
+	go func() { d.done <- d.cmd.Wait() }()
+}
+
+// kill SIGKILLs the daemon and waits for it: nothing of its shutdown runs.
+func (d *daemon) kill() {
+	d.t.Helper()
+	require.NoError(d.t, d.cmd.Process.Kill())
+	<-d.done
 }
 
 // privateNetns creates a named network namespace with loopback up.

@@ -1,7 +1,10 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
@@ -92,6 +95,29 @@ func (c *cdiSpecs) write(p *pool.Pool, rdmaCM, root string) (bool, error) {
 		return false, fmt.Errorf("cdi %s: write spec of %s: %w", CDISpecPath(c.dir, p.Prefix, p.Name), p.ResourceName(), err)
 	}
 	return true, nil
+}
+
+// removeLeftovers deletes the plugin's specs (fastpath-*.json) of pools
+// it no longer serves, which an earlier run that was killed left.
+func (c *cdiSpecs) removeLeftovers(keep map[string]pool.Pool) error {
+	files, err := filepath.Glob(filepath.Join(c.dir, cdiFilePrefix+"*.json"))
+	if err != nil {
+		return err
+	}
+	want := make(map[string]bool, len(keep))
+	for _, p := range keep {
+		want[cdiSpecName(p.Prefix, p.Name)] = true
+	}
+	var errs []error
+	for _, f := range files {
+		if want[filepath.Base(f)] {
+			continue
+		}
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("cdi %s: remove leftover spec: %w", f, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (c *cdiSpecs) remove(prefix, name string) error {

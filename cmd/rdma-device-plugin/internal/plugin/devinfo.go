@@ -92,3 +92,29 @@ func (s *devInfoStore) removeAll() error {
 	}
 	return errors.Join(errs...)
 }
+
+// removeLeftovers deletes the files of pool prefix/name that an earlier
+// run of the plugin wrote and could not remove (it was killed): this run
+// writes them again on the next Allocate.
+func (s *devInfoStore) removeLeftovers(prefix, name string) error {
+	if s == nil || s.dir == "" {
+		return nil
+	}
+	// Prefixes and names are [A-Za-z0-9._-]: nothing a pattern would read.
+	files, err := filepath.Glob(DevInfoPath(s.dir, prefix, name, "*"))
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, f := range files {
+		if _, mine := s.written[f]; mine {
+			continue
+		}
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("devinfo %s: remove leftover: %w", f, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -186,6 +186,7 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 	}
 
 	m.apply(scan)
+	m.removeLeftovers()
 	ticker := newTicker(scan.Interval)
 	m.interval = scan.Interval
 	defer ticker.stop()
@@ -414,21 +415,4 @@ func countHealthy(slots []slot) int {
 		}
 	}
 	return n
-}
-
-// shutdown stops every server and removes what the plugin wrote.
-func (m *Manager) shutdown() {
-	for r, s := range m.servers {
-		s.stop()
-		if m.cdi != nil {
-			p := m.pools[r]
-			if err := m.cdi.remove(p.Prefix, p.Name); err != nil {
-				m.log.Warn("remove CDI spec", "resource", r, "err", err)
-			}
-		}
-	}
-	if err := m.devInfo.removeAll(); err != nil {
-		m.log.Warn("remove device-info files", "err", err)
-	}
-	m.log.Info("stopped; sockets, device-info files and CDI specs removed")
 }

@@ -94,3 +94,34 @@ func TestProbes(t *testing.T) {
 	_, err = h.client("mellanox.com_rails.sock").GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})
 	require.Error(t, err, "no kubelet, no server")
 }
+
+// What a killed run left (device-info files, the spec of a pool since
+// dropped) is cleaned by the next; other files are not touched.
+func TestLeftoversRemoved(t *testing.T) {
+	dir := t.TempDir()
+	cdiDir := filepath.Join(dir, "cdi")
+	devinfo := filepath.Join(dir, "devinfo")
+	require.NoError(t, os.MkdirAll(cdiDir, 0o755))
+	require.NoError(t, os.MkdirAll(devinfo, 0o755))
+	write := func(p string) {
+		require.NoError(t, os.WriteFile(p, []byte("{}"), 0o444))
+	}
+	leftInfo := DevInfoPath(devinfo, "mellanox.com", "rails", "0000:18:00.3")
+	otherInfo := DevInfoPath(devinfo, "example.com", "other", "0000:18:00.3")
+	leftSpec := CDISpecPath(cdiDir, "mellanox.com", "gone")
+	foreign := filepath.Join(cdiDir, "vendor-other.json")
+	for _, p := range []string{leftInfo, otherInfo, leftSpec, foreign} {
+		write(p)
+	}
+	h := newHarness(t, func(o *Options) { o.CDIDir = cdiDir; o.DevInfoDir = devinfo }, dgxPools(t)...)
+	h.run()
+	h.registered("mellanox.com/rails", "mellanox.com/storage")
+	for _, p := range []string{leftInfo, leftSpec} {
+		_, err := os.Stat(p)
+		require.ErrorIs(t, err, os.ErrNotExist, p)
+	}
+	for _, p := range []string{otherInfo, foreign, CDISpecPath(cdiDir, "mellanox.com", "rails")} {
+		_, err := os.Stat(p)
+		require.NoError(t, err, p)
+	}
+}
