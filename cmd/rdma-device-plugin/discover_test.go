@@ -79,16 +79,20 @@ func TestDiscoverEdgeWarnings(t *testing.T) {
 	}
 	require.Contains(t, joined, "0000:86:00.2: no driver bound")
 	require.Contains(t, joined, "0000:86:00.4: no RDMA device")
+	byAddr := map[string]map[string]any{}
 	for _, d := range v["devices"].([]any) {
 		m := d.(map[string]any)
-		require.NotEqual(t, "0000:85:00.0", m["pciAddress"], "a ConnectX PCIe bridge is not a NIC")
-		require.NotEqual(t, "0000:03:00.0", m["pciAddress"], "a BlueField management function is not a NIC")
-		if m["pciAddress"] == "0000:86:00.1" {
-			require.Equal(t, "vfio-pci", m["driver"])
-			require.Equal(t, []any{"/dev/vfio/vfio", "/dev/vfio/71"}, m["vfioDevices"])
-			require.Equal(t, "", m["netdev"])
-		}
+		byAddr[m["pciAddress"].(string)] = m
 	}
+	require.NotContains(t, byAddr, "0000:85:00.0", "a ConnectX PCIe bridge is not a NIC")
+	require.NotContains(t, byAddr, "0000:03:00.0", "a BlueField management function is not a NIC")
+	vfio, ok := byAddr["0000:86:00.1"]
+	require.True(t, ok, "the vfio-pci VF is listed")
+	require.Equal(t, "vfio-pci", vfio["driver"])
+	require.Equal(t, []any{"/dev/vfio/vfio", "/dev/vfio/71"}, vfio["vfioDevices"])
+	require.Equal(t, "", vfio["netdev"])
+	require.Equal(t, "", vfio["rdmaDevice"])
+	require.Equal(t, []any{}, vfio["charDevices"])
 }
 
 func TestDiscoverTable(t *testing.T) {

@@ -1,59 +1,290 @@
 package nic_test
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
+
+// corruptHosts are the hosts the corruption tests damage: a generated one
+// (one PF, two VFs) and the edge fixture (vfio-pci, unbound and RDMA-less
+// VFs, switchdev representors, a bridge and a BlueField function of the
+// same vendor, another vendor's RDMA NIC).
+var corruptHosts = []struct {
+	name  string
+	write func(root string) error
+}{
+	{"generated", func(root string) error { return fixture.Generate(root, 1, 2) }},
+	{"edge", func(root string) error { return fixture.Write(root, "edge") }},
+}
+
+// hosts holds, made once per test process, an untouched copy of each
+// corrupt host and a working copy that one corruption at a time damages
+// and restore repairs.
+var hosts struct {
+	once  sync.Once
+	dir   string
+	err   error
+	paths [][]string // per host, every entry below sys/, relative to the host root, sorted
+	mu    sync.Mutex // guards the working copies
+}
+
+func pristineRoot(h int) string { return filepath.Join(hosts.dir, "pristine", corruptHosts[h].name) }
+func workingRoot(h int) string  { return filepath.Join(hosts.dir, "work", corruptHosts[h].name) }
+
+func setUpHosts(t testing.TB) {
+	hosts.once.Do(func() {
+		hosts.dir, hosts.err = os.MkdirTemp("", "fastpath-corrupt-")
+		for h, host := range corruptHosts {
+			if hosts.err != nil {
+				return
+			}
+			if hosts.err = host.write(pristineRoot(h)); hosts.err != nil {
+				return
+			}
+			if hosts.err = host.write(workingRoot(h)); hosts.err != nil {
+				return
+			}
+			var paths []string
+			hosts.err = filepath.WalkDir(filepath.Join(pristineRoot(h), "sys"), func(p string, d fs.DirEntry, err error) error {
+				if err != nil {
+					return err
+				}
+				rel, _ := filepath.Rel(pristineRoot(h), p)
+				if rel != "sys" {
+					paths = append(paths, rel)
+				}
+				return nil
+			})
+			sort.Strings(paths)
+			hosts.paths = append(hosts.paths, paths)
+		}
+	})
+	require.NoError(t, hosts.err)
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if hosts.dir != "" {
+		os.RemoveAll(hosts.dir)
+	}
+	os.Exit(code)
+}
+
+// copyTree copies the entry src (a file, a symlink or a whole directory)
+// to dst, symlinks as symlinks.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		to := filepath.Join(dst, rel)
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(target, to)
+		case d.IsDir():
+			return os.MkdirAll(to, 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(to, b, 0o644)
+	})
+}
+
+// corrupt damages the entry rel below root: 0 garbage content, 1 gone, 2 a
+// symlink to itself, 3 a directory where it was.
+func corrupt(root, rel string, action uint8, content []byte) {
+	target := filepath.Join(root, rel)
+	_ = os.RemoveAll(target)
+	switch action % 4 {
+	case 0:
+		_ = os.WriteFile(target, content, 0o644)
+	case 2:
+		_ = os.Symlink(filepath.Base(target), target)
+	case 3:
+		_ = os.MkdirAll(filepath.Join(target, string(content)), 0o755)
+	}
+}
+
+// scanCorrupted damages one entry of host h's working copy, scans it,
+// checks what a scan promises whatever sysfs holds, and repairs the copy.
+func scanCorrupted(t *testing.T, h int, which int, action uint8, content []byte) {
+	setUpHosts(t)
+	hosts.mu.Lock()
+	defer hosts.mu.Unlock()
+	root := workingRoot(h)
+	rel := hosts.paths[h][which%len(hosts.paths[h])]
+	corrupt(root, rel, action, content)
+	defer func() {
+		require.NoError(t, os.RemoveAll(filepath.Join(root, rel)))
+		require.NoError(t, copyTree(filepath.Join(pristineRoot(h), rel), filepath.Join(root, rel)))
+	}()
+	sc := nic.NewScanner(root)
+	snap, err := sc.Scan()
+	if err != nil {
+		return // an error that names the problem is a fine answer
+	}
+	checkSnapshot(t, root, snap)
+	for _, d := range snap.Devices {
+		one, err := sc.Device(d.PCIAddress)
+		if err != nil {
+			continue
+		}
+		require.Equal(t, d.PCIAddress, one.PCIAddress)
+		require.Equal(t, d.PFAddress, one.PFAddress, "%s: the same physfn", d.PCIAddress)
+		require.Equal(t, d.Driver, one.Driver, d.PCIAddress)
+	}
+}
 
 // FuzzScanCorruptedSysfs damages one entry of a small host — garbage
 // contents, a missing file, a symlink loop, a directory where a file
-// should be — and scans it: errors are fine, panics and hangs are not.
+// should be — and scans it. Errors are fine; panics, hangs and a snapshot
+// that breaks checkSnapshot's invariants are not.
 func FuzzScanCorruptedSysfs(f *testing.F) {
-	f.Add(uint16(0), uint8(0), []byte("0x15b3"))
-	f.Add(uint16(7), uint8(1), []byte(""))
-	f.Add(uint16(30), uint8(2), []byte("x"))
-	f.Add(uint16(55), uint8(3), []byte("\x00\xff\n"))
-	f.Add(uint16(80), uint8(0), []byte("PCI_ID=15B3:\nPCI_CLASS=zz"))
-	f.Add(uint16(12), uint8(0), []byte("-99999999999999999999"))
-	f.Fuzz(func(t *testing.T, which uint16, action uint8, content []byte) {
-		root := t.TempDir()
-		if err := fixture.Generate(root, 1, 2); err != nil {
-			t.Fatal(err)
-		}
-		var paths []string
-		_ = filepath.WalkDir(filepath.Join(root, "sys"), func(p string, d fs.DirEntry, err error) error {
-			if err == nil && p != filepath.Join(root, "sys") {
-				paths = append(paths, p)
-			}
-			return nil
-		})
-		sort.Strings(paths)
-		target := paths[int(which)%len(paths)]
-		switch action % 4 {
-		case 0:
-			_ = os.RemoveAll(target)
-			_ = os.WriteFile(target, content, 0o644)
-		case 1:
-			_ = os.RemoveAll(target)
-		case 2:
-			_ = os.RemoveAll(target)
-			_ = os.Symlink(filepath.Base(target), target) // a link to itself
-		case 3:
-			_ = os.RemoveAll(target)
-			_ = os.MkdirAll(filepath.Join(target, string(content)), 0o755)
-		}
-		sc := nic.NewScanner(root)
-		if snap, err := sc.Scan(); err == nil {
-			for _, d := range snap.Devices {
-				_, _ = sc.Device(d.PCIAddress)
-			}
-		}
-		_, _ = sc.Device("0000:10:00.1")
+	f.Add(uint8(0), uint16(0), uint8(0), []byte("0x15b3"))
+	f.Add(uint8(0), uint16(7), uint8(1), []byte(""))
+	f.Add(uint8(0), uint16(30), uint8(2), []byte("x"))
+	f.Add(uint8(0), uint16(55), uint8(3), []byte("\x00\xff\n"))
+	f.Add(uint8(0), uint16(80), uint8(0), []byte("PCI_ID=15B3:\nPCI_CLASS=zz"))
+	f.Add(uint8(0), uint16(12), uint8(0), []byte("-99999999999999999999"))
+	f.Add(uint8(1), uint16(300), uint8(0), []byte("../../../../../.."))
+	f.Add(uint8(1), uint16(500), uint8(2), []byte(""))
+	f.Fuzz(func(t *testing.T, host uint8, which uint16, action uint8, content []byte) {
+		scanCorrupted(t, int(host)%len(corruptHosts), int(which), action, content)
 	})
+}
+
+// TestScanCorruptedEveryEntry damages every entry of both hosts once, the
+// four kinds of damage in turn, and checks the invariants after each scan.
+func TestScanCorruptedEveryEntry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a scan per sysfs entry of two hosts; -short skips it")
+	}
+	setUpHosts(t)
+	contents := [][]byte{[]byte("garbage\n"), nil, nil, []byte("x")}
+	for h := range corruptHosts {
+		for i, rel := range hosts.paths[h] {
+			action := uint8(i % 4)
+			t.Run(fmt.Sprintf("%s/%d/%s", corruptHosts[h].name, action, rel), func(t *testing.T) {
+				scanCorrupted(t, h, i, action, contents[action])
+			})
+		}
+	}
+}
+
+// checkSnapshot asserts what a scan promises whatever sysfs holds:
+// devices sorted and unique, Mellanox NIC functions only; every VF's PF in
+// the snapshot or a warning about it; every host path a clean path below
+// /dev/infiniband or /dev/vfio whose node exists under root; every netdev,
+// RDMA device and char device of a device tied to that device's PCI
+// function by sysfs links that stay inside <root>/sys/devices.
+func checkSnapshot(t *testing.T, root string, snap *nic.Snapshot) {
+	t.Helper()
+	devices := filepath.Join(root, "sys", "devices") + string(filepath.Separator)
+	// inside resolves the link at path lexically, as the kernel would
+	// from its directory; "" when it is no link or leaves <root>/sys/devices.
+	inside := func(path string) string {
+		target, err := os.Readlink(path)
+		if err != nil {
+			return ""
+		}
+		p := filepath.Join(filepath.Dir(path), target)
+		if !strings.HasPrefix(p, devices) {
+			return ""
+		}
+		return p
+	}
+	hostPath := func(p, dir string) {
+		require.True(t, strings.HasPrefix(p, dir+"/") && filepath.Clean(p) == p && !strings.Contains(p[len(dir)+1:], "/"),
+			"%q is not a device node in %s", p, dir)
+		_, err := os.Lstat(filepath.Join(root, p))
+		require.NoError(t, err, "%s is not under the host root", p)
+	}
+	warned := func(addr, about string) bool {
+		for _, w := range snap.Warnings {
+			if strings.HasPrefix(w, addr+": ") && strings.Contains(w, about) {
+				return true
+			}
+		}
+		return false
+	}
+	if snap.RDMACM != "" {
+		require.Equal(t, rdma.RDMACMPath, snap.RDMACM)
+		hostPath(snap.RDMACM, rdma.DevDir)
+	}
+	prev := ""
+	for i := range snap.Devices {
+		d := &snap.Devices[i]
+		a := d.PCIAddress
+		require.True(t, pci.ValidAddress(a), "%q", a)
+		require.Greater(t, a, prev, "sorted and unique")
+		prev = a
+		require.Equal(t, pci.VendorMellanox, d.Vendor, a)
+		require.True(t, strings.HasPrefix(d.Class, "0x0200") || strings.HasPrefix(d.Class, "0x0207"), "%s: class %s", a, d.Class)
+		fn := inside(filepath.Join(root, "sys", "bus", "pci", "devices", a))
+		require.NotEmpty(t, fn, "%s: its bus link stays in the root", a)
+
+		if d.PFAddress == "" {
+			require.Equal(t, -1, d.VFIndex, a)
+		} else {
+			require.True(t, pci.ValidAddress(d.PFAddress), a)
+			require.GreaterOrEqual(t, d.VFIndex, -1, a)
+			if pf, ok := snap.Device(d.PFAddress); ok {
+				require.Equal(t, pf.Netdev, d.PFNetdev, "%s: its PF's netdev", a)
+			} else {
+				require.True(t, warned(a, d.PFAddress), "%s: its PF %s is neither in the snapshot nor warned about: %q", a, d.PFAddress, snap.Warnings)
+				require.Empty(t, d.PFNetdev, "%s: no PF, no PF netdev", a)
+			}
+		}
+		if d.Netdev != "" {
+			require.Equal(t, filepath.Join(fn, "net", d.Netdev), inside(filepath.Join(root, "sys", "class", "net", d.Netdev)), "%s: netdev %s", a, d.Netdev)
+		}
+		for _, p := range d.VFIODevices {
+			hostPath(p, "/dev/vfio")
+		}
+		if d.RDMADevice == "" {
+			require.Empty(t, d.CharDevices, a)
+			continue
+		}
+		require.Equal(t, filepath.Join(fn, "infiniband", d.RDMADevice), inside(filepath.Join(root, "sys", "class", "infiniband", d.RDMADevice)),
+			"%s: RDMA device %s", a, d.RDMADevice)
+		for _, c := range d.CharDevices {
+			require.Equal(t, rdma.DevDir+"/"+c.Name, c.Path, a)
+			require.True(t, strings.HasPrefix(c.Name, c.Kind), "%s: %s is no %s", a, c.Name, c.Kind)
+			hostPath(c.Path, rdma.DevDir)
+			class := "infiniband_mad"
+			if c.Kind == rdma.KindUverbs {
+				class = "infiniband_verbs"
+			}
+			// ib_umad makes umadN and issmN together, with one parent:
+			// the umad's link speaks for both.
+			linkName := c.Name
+			if c.Kind == rdma.KindIssm {
+				linkName = rdma.KindUmad + strings.TrimPrefix(c.Name, rdma.KindIssm)
+			}
+			own := inside(filepath.Join(root, "sys", "class", class, linkName)) == filepath.Join(fn, class, linkName)
+			ibdev, _ := os.ReadFile(filepath.Join(root, "sys", "class", class, c.Name, "ibdev"))
+			require.True(t, own || strings.TrimSpace(string(ibdev)) == d.RDMADevice,
+				"%s: %s is not %s's: no link below the function, ibdev %q", a, c.Name, d.RDMADevice, ibdev)
+		}
+	}
 }

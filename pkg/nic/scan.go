@@ -226,12 +226,16 @@ func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []r
 			warn("several netdevs (%s); using %s", strings.Join(f.Netdevs, ", "), d.Netdev)
 		}
 	}
-	d.PFNetdev = d.Netdev
-	if f.IsVF() && vfIndex < 0 {
+	if !f.IsVF() {
+		d.PFNetdev = d.Netdev
+	}
+	switch {
+	case f.IsVF() && (pf == nil || !pf.IsNIC()):
+		warn("its PF %s is not among the NIC functions found (being removed or reset?); no VF index", f.PhysFn)
+	case f.IsVF() && vfIndex < 0:
 		warn("its PF %s does not list it among its virtfnN links (VFs being changed?); no VF index", f.PhysFn)
 	}
 	if pf != nil {
-		d.PFNetdev = ""
 		if len(pf.Netdevs) > 0 {
 			d.PFNetdev = pf.Netdevs[0]
 		}

@@ -188,3 +188,20 @@ func TestVFIndexes(t *testing.T) {
 	require.NoError(t, os.Remove(filepath.Join(r, "sys/bus/pci/devices", pf, "virtfn1")))
 	check(-1)
 }
+
+// A VF whose PF the scan does not find (its bus entry gone mid-change) is
+// listed with a warning that names the PF.
+func TestVFWithoutItsPF(t *testing.T) {
+	r := t.TempDir()
+	require.NoError(t, fixture.Generate(r, 1, 1))
+	pf, vf := fixture.PCIAddress(0, 0x10, 0, 0), fixture.VFAddress(0x10, 0)
+	require.NoError(t, os.Remove(filepath.Join(r, "sys/bus/pci/devices", pf)))
+	s, err := nic.NewScanner(r).Scan()
+	require.NoError(t, err)
+	require.Len(t, s.Devices, 1)
+	d := dev(t, s, vf)
+	require.Equal(t, pf, d.PFAddress)
+	require.Equal(t, -1, d.VFIndex)
+	require.Empty(t, d.PFNetdev)
+	require.Equal(t, []string{vf + ": its PF " + pf + " is not among the NIC functions found (being removed or reset?); no VF index"}, s.Warnings)
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"strings"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 )
@@ -52,9 +53,7 @@ func (s *Scanner) read(bus sysfs.Dir, addr string) (*Function, error) {
 	if err := f.readPhysFn(dir); err != nil {
 		return nil, err
 	}
-	if g, err := dir.Readlink("iommu_group"); err == nil {
-		f.IOMMUGroup = filepath.Base(g)
-	}
+	f.readIOMMUGroup(dir)
 	f.readNUMA(dir)
 	names, err := dir.List("net")
 	if err != nil {
@@ -101,6 +100,21 @@ func (f *Function) readPhysFn(dir sysfs.Dir) error {
 		return fmt.Errorf("pci %s: physfn -> %q is not a PCI function", f.Address, pf)
 	}
 	return nil
+}
+
+// readIOMMUGroup reads the iommu_group link: the kernel names groups by
+// number (…/kernel/iommu_groups/71), and a /dev/vfio path is built from
+// it, so anything else is no group.
+func (f *Function) readIOMMUGroup(dir sysfs.Dir) {
+	g, err := dir.Readlink("iommu_group")
+	if err != nil {
+		return
+	}
+	g = filepath.Base(g)
+	if g == "" || strings.Trim(g, "0123456789") != "" {
+		return
+	}
+	f.IOMMUGroup = g
 }
 
 // readNUMA reads the function's own NUMA node.

@@ -230,3 +230,26 @@ func TestScanVFPhysfnGarbage(t *testing.T) {
 	require.ErrorContains(t, err, "physfn")
 	require.ErrorContains(t, err, "not-a-function")
 }
+
+// The IOMMU group is a number: a /dev/vfio path is built from it.
+func TestIOMMUGroupIsANumber(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, fixture.Write(root, "edge"))
+	vfio := "0000:86:00.1"
+	link := filepath.Join(root, "sys/bus/pci/devices", vfio, "iommu_group")
+	for target, want := range map[string]string{
+		"../../../../../kernel/iommu_groups/71": "71",
+		"iommu_group":                           "",
+		"../../../../../kernel/iommu_groups/..": "",
+		"../../../../../kernel/iommu_groups/7a": "",
+	} {
+		require.NoError(t, os.Remove(link))
+		require.NoError(t, os.Symlink(target, link))
+		fns, err := pci.New(root).Scan(nil)
+		require.NoError(t, err)
+		require.Equal(t, want, byAddr(t, fns)[vfio].IOMMUGroup, target)
+		f, err := pci.New(root).Function(vfio)
+		require.NoError(t, err)
+		require.Equal(t, want, f.IOMMUGroup, target)
+	}
+}

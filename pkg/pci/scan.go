@@ -175,9 +175,7 @@ func (s *Scanner) scanOne(bus sysfs.Dir, parents parentDirs, addr string, keep f
 		f.readNUMA(dir)
 	}
 	if f.Driver == DriverVFIO {
-		if g, err := at.Readlink("iommu_group"); err == nil {
-			f.IOMMUGroup = filepath.Base(g)
-		}
+		f.readIOMMUGroup(at)
 	}
 	readNetdevs(f, at, netdevs[addr])
 	if visit != nil {

@@ -254,16 +254,35 @@ func TestBuildEdge(t *testing.T) {
 	require.Contains(t, all, "rdma/edge_hcas: 0000:86:00.3 is in exclusive pool mellanox.com/ib_vfs")
 }
 
-// The seed configs load without a warning (warnings are for configs that
-// are probably not what was meant).
+// Every seed config loads without a warning and, on the DGX fixture host
+// it is written for, gives pools that all have devices and no warning but
+// the one rail-spread.json means to give.
 func TestSeedsHaveNoSurprises(t *testing.T) {
+	devs := scan(t, "dgx-h100")
+	// rail-spread's second pool takes the VFs its first one left: the
+	// first pool that selects a function gets it, and Build says so.
+	meant := map[string][]string{
+		"rail-spread.json": {"mellanox.com/spare_vfs: 16 selected functions are already in mellanox.com/rail_vfs "},
+	}
 	entries, err := os.ReadDir(filepath.Join("..", "..", "testdata", "config"))
 	require.NoError(t, err)
 	require.NotEmpty(t, entries)
 	for _, e := range entries {
-		cfg, err := pool.Load(seed(e.Name()))
-		require.NoError(t, err, e.Name())
-		require.Empty(t, cfg.Warnings, e.Name())
+		t.Run(e.Name(), func(t *testing.T) {
+			cfg, err := pool.Load(seed(e.Name()))
+			require.NoError(t, err)
+			require.Empty(t, cfg.Warnings)
+			pools, warns := pool.Build(cfg, devs)
+			require.NotEmpty(t, pools)
+			for _, p := range pools {
+				require.NotEmpty(t, p.Devices, p.ResourceName())
+			}
+			want := meant[e.Name()]
+			require.Len(t, warns, len(want), "%q", warns)
+			for i, w := range want {
+				require.True(t, strings.HasPrefix(warns[i], w), "warning %d: %q, want it to start %q", i, warns[i], w)
+			}
+		})
 	}
 }
 

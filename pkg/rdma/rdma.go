@@ -175,8 +175,10 @@ func umadOfIssm(name string) string {
 
 // DevicesForScan is DevicesAt for the function at addr, read through dir,
 // with the device and char device names taken from idx, and without the
-// ports' state, which a node scan does not need (health follows netlink,
-// PortState reads it on demand).
+// ports' state: nothing built from a node scan uses it. (The device
+// plugin's health follows the netdevs' link state from netlink, not the
+// RDMA port state; DevicesAt and PortState read the port state for a
+// caller that wants it.)
 func (r *Reader) DevicesForScan(dir Attrs, addr string, idx *ScanIndex) ([]Device, error) {
 	return devicesFrom(dir, idx.devices[addr], idx.verbs[addr], idx.mad[addr], false)
 }
