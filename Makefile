@@ -14,7 +14,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/fastpath-k8s/fastpath/internal/version
 LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)
 
-.PHONY: all build cross test test-short lint fmt vet bench discover demo e2e image-tar fixtures clean soak
+.PHONY: all build cross portable test test-short lint fmt vet bench discover demo e2e image-tar fixtures clean soak
 
 all: lint build test
 
@@ -29,8 +29,15 @@ cross:
 
 # The full suite, as CI runs it. Root-only tests (network namespaces, veth,
 # bind mounts over /sys) skip with a reason when not run as root.
-test: lint cross
+test: lint cross portable
 	$(GO) test -count=1 -race -timeout 20m $(PKGS)
+
+# The portable packages vet for macOS (people edit pool configs on
+# laptops: _linux.go files hold what only Linux has), and discovery passes
+# its tests through internal/sysfs's portable reader too.
+portable:
+	GOOS=darwin $(GO) vet ./pkg/...
+	$(GO) test -count=1 -short -tags fastpath_portable ./internal/sysfs ./pkg/pci ./pkg/rdma ./pkg/sriov ./pkg/nic ./pkg/pool
 
 test-short:
 	$(GO) test -count=1 -short $(PKGS)

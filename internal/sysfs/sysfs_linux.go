@@ -1,0 +1,207 @@
+//go:build !fastpath_portable
+
+package sysfs
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// cname is a name below a Dir as the kernel takes it, NUL-terminated, in
+// a buffer on the caller's stack: the hot calls pass it instead of having
+// package unix copy every name to the heap.
+type cname [256]byte
+
+// set fills c with d's name for n; false if it does not fit, and the
+// caller passes the name as a string instead.
+func (c *cname) set(d Dir, n string) bool {
+	k := 0
+	if d.sub != "" {
+		if len(d.sub)+1+len(n) >= len(c) {
+			return false
+		}
+		k = copy(c[:], d.sub)
+		c[k] = '/'
+		k++
+	} else if len(n) >= len(c) {
+		return false
+	}
+	k += copy(c[k:], n)
+	c[k] = 0
+	return true
+}
+
+// openat opens name below d.
+func (d Dir) openat(name string, flags int) (int, error) {
+	if strings.IndexByte(name, 0) >= 0 {
+		return -1, unix.EINVAL
+	}
+	var c cname
+	if !c.set(d, name) {
+		for {
+			fd, err := unix.Openat(d.fd, d.name(name), flags, 0)
+			if err != unix.EINTR {
+				return fd, err
+			}
+		}
+	}
+	for {
+		fd, _, e := unix.Syscall6(unix.SYS_OPENAT, uintptr(d.fd), uintptr(unsafe.Pointer(&c[0])), uintptr(flags), 0, 0, 0)
+		switch e {
+		case 0:
+			return int(fd), nil
+		case unix.EINTR:
+			continue
+		}
+		return -1, e
+	}
+}
+
+// Open opens path as a Dir. Close it when done.
+func Open(path string) (Dir, error) {
+	fd, err := Dir{fd: unix.AT_FDCWD}.openat(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC)
+	if err != nil {
+		return Dir{fd: -1}, &PathError{"open", path, err}
+	}
+	return Dir{fd: fd, base: path}, nil
+}
+
+// Sub opens a directory below d.
+func (d Dir) Sub(name string) (Dir, error) {
+	fd, err := d.openat(name, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC)
+	if err != nil {
+		return Dir{fd: -1}, d.err("open", name, err)
+	}
+	return Dir{fd: fd, base: filepath.Join(d.Path(), name)}, nil
+}
+
+// Close releases the directory; it does nothing for a view.
+func (d Dir) Close() {
+	if d.fd >= 0 && !d.view {
+		unix.Close(d.fd)
+	}
+}
+
+// readTo is ReadTo, also telling whether the attribute filled buf.
+func (d Dir) readTo(name string, buf []byte) ([]byte, bool, error) {
+	// O_NONBLOCK: a FIFO where an attribute should be must not hang a scan.
+	fd, err := d.openat(name, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK)
+	if err != nil {
+		return nil, false, d.err("open", name, err)
+	}
+	defer unix.Close(fd)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, false, d.err("read", name, err)
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+		if n < len(buf) {
+			break // sysfs answered in one read; do not ask again for EOF
+		}
+	}
+	return bytes.TrimSpace(buf[:n]), n == len(buf), nil
+}
+
+// ReadlinkTo reads the target of the link name below d into buf and
+// returns its length.
+func (d Dir) ReadlinkTo(name string, buf []byte) (int, error) {
+	if len(buf) == 0 || strings.IndexByte(name, 0) >= 0 {
+		return 0, d.err("readlink", name, unix.EINVAL)
+	}
+	var c cname
+	n, err := 0, error(nil)
+	if c.set(d, name) {
+		for {
+			r, _, e := unix.Syscall6(unix.SYS_READLINKAT, uintptr(d.fd), uintptr(unsafe.Pointer(&c[0])), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0)
+			if e == unix.EINTR {
+				continue
+			}
+			if n = int(r); e != 0 {
+				err = e
+			}
+			break
+		}
+	} else {
+		for {
+			if n, err = unix.Readlinkat(d.fd, d.name(name), buf); err != unix.EINTR {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return 0, d.err("readlink", name, err)
+	}
+	if n >= len(buf) {
+		return 0, d.err("readlink", name, errors.New("link target too long"))
+	}
+	return n, nil
+}
+
+// List returns the sorted entry names of the directory name below d ("."
+// for d itself); a missing directory has none.
+func (d Dir) List(name string) ([]string, error) {
+	fd, err := d.openat(name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, d.err("open", name, err)
+	}
+	defer unix.Close(fd)
+	var names []string
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, d.err("getdents", name, err)
+		}
+		if n <= 0 {
+			break
+		}
+		names = appendNames(names, buf[:n])
+		// getdents fills the buffer while entries fit; with room left for
+		// the largest entry (19 + 256 bytes) the directory is exhausted.
+		if n < len(buf)-280 {
+			break
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// appendNames decodes linux_dirent64 records, skipping "." and "..".
+func appendNames(names []string, b []byte) []string {
+	for len(b) >= 19 {
+		reclen := int(*(*uint16)(unsafe.Pointer(&b[16])))
+		if reclen < 19 || reclen > len(b) {
+			break
+		}
+		nameBytes := b[19:reclen]
+		if i := bytes.IndexByte(nameBytes, 0); i >= 0 {
+			nameBytes = nameBytes[:i]
+		}
+		if name := string(nameBytes); name != "." && name != ".." {
+			names = append(names, name)
+		}
+		b = b[reclen:]
+	}
+	return names
+}
