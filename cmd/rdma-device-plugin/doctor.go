@@ -7,7 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
+	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -44,7 +44,11 @@ Exit status: 0 all ok, 1 warnings only, 2 any failure (or bad usage).
 func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	hostRoot := fs.String("host-root", "/", "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev)")
+	defRoot := "/"
+	if v := os.Getenv("FASTPATH_HOST_ROOT"); v != "" {
+		defRoot = v // the plugin's container sets it to where the node's /sys and /dev are
+	}
+	hostRoot := fs.String("host-root", defRoot, "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev); default $FASTPATH_HOST_ROOT or /")
 	configPath := fs.String("config", defaultConfig, "pool config file; when the default is missing, the checks cover every Mellanox function")
 	kubeletDir := fs.String("kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (empty: skip the kubelet checks)")
 	cniBin := fs.String("cni-bin-dir", "/opt/cni/bin", "the container runtime's CNI bin_dir (empty: skip)")
@@ -91,7 +95,7 @@ func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error
 			o.ConfigErr = err
 		}
 	}
-	if filepath.Clean(*hostRoot) == "/" {
+	if doctor.SameKernel(*hostRoot) {
 		o.Kernel = doctor.NewKernel()
 	}
 	v := version.Get()

@@ -86,3 +86,11 @@ func TestDoctorConfigDefaultAndErrors(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, errs, "Exit status: 0 all ok, 1 warnings only, 2 any failure")
 }
+
+func TestDoctorHostRootFromEnv(t *testing.T) {
+	// The plugin's container has the node's /sys and /dev under
+	// FASTPATH_HOST_ROOT: kubectl exec … doctor needs no flag.
+	t.Setenv("FASTPATH_HOST_ROOT", fixture("edge"))
+	out, _, _ := runDoctorCmd(t, append([]string{"--config", "", "-o", "json"}, offline...)...)
+	require.Contains(t, out, filepath.Join(fixture("edge"), "sys", "module", "ib_core", "parameters", "netns_mode"))
+}

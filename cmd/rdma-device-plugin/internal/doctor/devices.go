@@ -27,11 +27,11 @@ type module struct {
 }
 
 var modules = []module{
-	{"mlx5_core", Fail, "bus/pci/drivers/mlx5_core", "the ConnectX driver: no netdevs, no VFs, no RDMA devices without it"},
-	{"mlx5_ib", Fail, "class/infiniband/mlx5_*", "the ConnectX RDMA devices (mlx5_N): without it NCCL logs \"NET/IB : No device found\" and uses sockets"},
-	{"ib_uverbs", Fail, "class/infiniband_verbs/uverbs*", "/dev/infiniband/uverbsN, the device NCCL opens"},
-	{"ib_umad", Warn, "class/infiniband_mad/umad*", "umadN/issmN: ibstat, UCX and subnet-manager tools need them (NCCL does not)"},
-	{"rdma_ucm", Warn, "class/misc/rdma_cm", "/dev/infiniband/rdma_cm: RDMA CM users (UCX, MPI) need it; the plugin hands it to every pod"},
+	{"mlx5_core", Fail, "bus/pci/drivers/mlx5_core", "the ConnectX driver: no netdevs, VFs or RDMA devices without it"},
+	{"mlx5_ib", Fail, "class/infiniband/mlx5_*", "no ConnectX RDMA devices (mlx5_N): NCCL logs \"NET/IB : No device found\" and uses sockets"},
+	{"ib_uverbs", Fail, "class/infiniband_verbs/uverbs*", "no /dev/infiniband/uverbsN, the device NCCL opens"},
+	{"ib_umad", Warn, "class/infiniband_mad/umad*", "no umadN/issmN, which ibstat, UCX and subnet-manager tools need (NCCL does not)"},
+	{"rdma_ucm", Warn, "class/misc/rdma_cm", "no /dev/infiniband/rdma_cm, which RDMA CM users (UCX, MPI) need and the plugin gives every pod"},
 }
 
 func (h *host) checkModules() {
@@ -53,7 +53,7 @@ func (h *host) checkModules() {
 		}
 		h.addf("kernel-module", m.missing, m.name,
 			fmt.Sprintf("modprobe %s, and load it at boot (echo %s >> /etc/modules-load.d/rdma.conf); with the NVIDIA network operator, check its driver container", m.name, m.name),
-			"%s is not loaded (no %s): %s", m.name, h.sys("module", m.name), m.why)
+			"%s is not loaded (no /sys/module/%s): %s", m.name, m.name, m.why)
 	}
 	if len(loaded) > 0 {
 		h.add("kernel-module", OK, strings.Join(loaded, ", "), "loaded", "")
@@ -171,24 +171,26 @@ func (h *host) checkCharDevices() {
 	}
 	for _, kind := range kinds {
 		f := found[kind]
-		st, fix, what := Fail, "", ""
+		details := list(f.details, 6)
+		var st Status = Fail
+		var msg, fix string
 		switch kind {
 		case "missing":
-			what = "in sysfs but missing under " + devDir + " (a pod given these devices fails to start)"
-			fix = "udevadm trigger --subsystem-match=infiniband_verbs --subsystem-match=infiniband_mad --action=add on the node; in the plugin's pod, restart it after a driver reload"
+			msg = details + ": in sysfs but missing under " + devDir + "; a pod given them fails to start"
+			fix = "on the node: udevadm trigger --subsystem-match=infiniband_verbs --subsystem-match=infiniband_mad --action=add; in the plugin's pod after a driver reload: restart the pod"
 		case "not a char device":
-			what = "not char devices (regular files or directories: a copied or hand-made /dev, not the kernel's)"
+			msg = details + ": not char devices (a copied or hand-made /dev, not the kernel's)"
 			fix = "mount the node's devtmpfs /dev/infiniband (hostPath) instead of a copy"
 		case "stale":
-			what = "stale: another device's major:minor, made before a driver reload renumbered the devices, so a pod would open the wrong HCA"
-			fix = "recreate them from sysfs: udevadm trigger --subsystem-match=infiniband_verbs --subsystem-match=infiniband_mad --action=add (or reboot); restart the plugin's pod"
+			msg = details + ": stale, made before a driver reload renumbered the devices; a pod given it would open another HCA"
+			fix = "recreate the nodes: udevadm trigger --subsystem-match=infiniband_verbs --subsystem-match=infiniband_mad --action=add; then restart the plugin's pod"
 		case "no uverbs in sysfs":
-			what = "no uverbsN in sysfs (ib_uverbs is not loaded or did not bind them)"
+			msg = details + ": no uverbsN in sysfs (ib_uverbs is not loaded or did not bind them)"
 			fix = "modprobe ib_uverbs"
 		default:
-			st, what, fix = Warn, "not readable", "run doctor as root"
+			st, msg, fix = Warn, details+": not readable", "run doctor as root"
 		}
-		h.addf(name, st, list(f.ibdevs, 4), fix, "%s: %s", what, list(f.details, 6))
+		h.add(name, st, list(f.ibdevs, 4), msg, fix)
 	}
 	if extra := extraNodes(present, known); len(extra) > 0 && expected > 0 {
 		h.addf(name, Warn, devDir, "remove them: they name no device (udevadm trigger recreates the real ones)",

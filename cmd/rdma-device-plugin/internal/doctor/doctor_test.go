@@ -310,6 +310,25 @@ func TestNetnsMode(t *testing.T) {
 	requireCheck(t, Run(Options{HostRoot: root}), "rdma-netns", Skip, "not this machine's")
 }
 
+func TestSameKernel(t *testing.T) {
+	require.True(t, SameKernel("/"))
+	require.True(t, SameKernel("//"))
+	require.False(t, SameKernel(newHost(t, "edge")), "a fixture is not this machine")
+	id, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	require.NoError(t, err)
+	root := t.TempDir()
+	p := filepath.Join(root, "proc/sys/kernel/random/boot_id")
+	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	require.NoError(t, os.WriteFile(p, id, 0o444))
+	require.True(t, SameKernel(root), "the node's / mounted elsewhere (kubectl debug node's /host)")
+	require.NoError(t, os.WriteFile(p, []byte("00000000-0000-0000-0000-000000000000\n"), 0o444))
+	require.False(t, SameKernel(root))
+	// The node's sysfs mounted under the root, as in the plugin's pod.
+	root = t.TempDir()
+	require.NoError(t, os.Symlink("/sys", filepath.Join(root, "sys")))
+	require.True(t, SameKernel(root))
+}
+
 // TestRealKernel asks this machine's kernel: a machine without RDMA (this
 // project's CI) has no RDMA netlink and says so; one with it answers.
 func TestRealKernel(t *testing.T) {

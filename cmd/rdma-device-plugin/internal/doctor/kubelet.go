@@ -156,7 +156,18 @@ func (h *host) checkKubelet() {
 			h.addf(name, Warn, r, "check the plugin's log for unhealthy devices (links down, VFs gone)",
 				"registered, but the kubelet holds no healthy device of it (%s in the pool)", plural(len(p.Devices), "device", "devices"))
 		default:
-			h.addf(name, OK, r, "", "registered: %s healthy at the kubelet's last checkpoint", plural(len(devs), "device", "devices"))
+			held := 0
+			for _, id := range devs {
+				if h.allocated[id] == r {
+					held++
+				}
+			}
+			if held == len(devs) {
+				h.addf(name, Warn, r, "wait for pods to end, free devices (kubectl get pods -A -o wide on this node), or add VFs",
+					"every one of its %s is held by a pod: a new pod asking for %s stays Pending (Insufficient %s)", plural(len(devs), "healthy device", "healthy devices"), r, r)
+				continue
+			}
+			h.addf(name, OK, r, "", "registered: %s healthy at the kubelet's last checkpoint, %d held by pods", plural(len(devs), "device", "devices"), held)
 		}
 	}
 }

@@ -95,7 +95,16 @@ func TestKubelet(t *testing.T) {
 			`"RegisteredDevices":{"mellanox.com/rails":["0000:10:00.1","0000:10:00.2","0000:11:00.1","0000:11:00.2"]}},"Checksum":1}`
 		require.NoError(t, os.WriteFile(filepath.Join(dir, checkpointFile), []byte(cp), 0o600))
 		r := run(dir)
-		requireCheck(t, r, "kubelet", OK, "mellanox.com/rails", "registered: 4 devices healthy")
+		requireCheck(t, r, "kubelet", OK, "mellanox.com/rails", "registered: 4 devices healthy", "1 held by pods")
+	})
+	t.Run("every device held", func(t *testing.T) {
+		dir := t.TempDir()
+		listen(t, filepath.Join(dir, "kubelet.sock"), false)
+		listen(t, filepath.Join(dir, "mellanox.com_rails.sock"), true)
+		cp := `{"Data":{"PodDeviceEntries":[{"PodUID":"u1","ContainerName":"c","ResourceName":"mellanox.com/rails","DeviceIDs":{"0":["0000:10:00.1","0000:10:00.2"],"1":["0000:11:00.1"]}}],` +
+			`"RegisteredDevices":{"mellanox.com/rails":["0000:10:00.1","0000:10:00.2","0000:11:00.1"]}},"Checksum":1}`
+		require.NoError(t, os.WriteFile(filepath.Join(dir, checkpointFile), []byte(cp), 0o600))
+		requireCheck(t, run(dir), "kubelet", Warn, "mellanox.com/rails", "every one of its 3 healthy devices is held", "Pending")
 	})
 	t.Run("answers but not registered", func(t *testing.T) {
 		dir := t.TempDir()

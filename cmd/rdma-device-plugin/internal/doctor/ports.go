@@ -60,7 +60,7 @@ func (p port) problem(netdev string) (msg, fix string) {
 	switch {
 	case p.phys != "" && p.phys != "LinkUp":
 		why := map[string]string{
-			"Polling":                   "no link partner: cable, transceiver, or the switch port is down",
+			"Polling":                   "no link partner (cable, transceiver or switch port down)",
 			"Disabled":                  "the port is disabled (by an admin, mlxlink, or the switch)",
 			"Sleep":                     "the port is asleep (powered down)",
 			"PortConfigurationTraining": "the link is training right now",
@@ -69,11 +69,11 @@ func (p port) problem(netdev string) (msg, fix string) {
 		if why == "" {
 			why = "the physical link is not up"
 		}
-		fix := "check the cable and the switch port; mlxlink -d <device> shows the link"
+		fix := "check the cable and the switch port; mlxlink -d <pci> shows the link"
 		if p.phys == "Disabled" && netdev != "" && p.linkLayer == rdma.LinkLayerEthernet {
 			fix = "ip link set " + netdev + " up; if it stays down, check the switch port"
 		}
-		return fmt.Sprintf("state %s, phys_state %s: %s; NCCL skips ports that are not ACTIVE", p.state, p.phys, why), fix
+		return fmt.Sprintf("state %s, phys_state %s: %s; NCCL skips a port that is not ACTIVE", p.state, p.phys, why), fix
 	case noSM && p.state != "ACTIVE":
 		return fmt.Sprintf("state %s with the link up and sm_lid 0x0: no subnet manager has configured the port (none runs on this fabric, or it cannot reach this port)", p.state),
 			"run a subnet manager on the fabric (the switch's SM, UFM, or opensm on one node: systemctl start opensm); sminfo shows whether one answers"
@@ -134,6 +134,7 @@ func (h *host) checkPorts() {
 			if msg == "" {
 				continue
 			}
+			fix = strings.ReplaceAll(fix, "<pci>", s.d.PCIAddress)
 			if s.d.IsVF() && badPF[s.d.PFAddress] != "" {
 				continue // said on its PF
 			}
@@ -142,7 +143,7 @@ func (h *host) checkPorts() {
 			}
 			subj := fmt.Sprintf("%s port %d (%s %s)", p.dev, p.num, s.d.PCIAddress, orDash(s.d.Netdev))
 			if s.vfs > 0 {
-				msg += fmt.Sprintf("; its %s in the pools cannot carry RDMA either", plural(s.vfs, "VF", "VFs"))
+				msg += fmt.Sprintf(", and the %s of the pools behind it are down with it", plural(s.vfs, "VF", "VFs"))
 			}
 			h.add(name, Fail, subj, msg, fix)
 		}
