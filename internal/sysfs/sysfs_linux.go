@@ -91,8 +91,10 @@ func (d Dir) Close() {
 
 // readTo is ReadTo, also telling whether the attribute filled buf.
 func (d Dir) readTo(name string, buf []byte) ([]byte, bool, error) {
-	// O_NONBLOCK: a FIFO where an attribute should be must not hang a scan.
-	fd, err := d.openat(name, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK)
+	// O_NONBLOCK: a FIFO where an attribute should be must not hang a
+	// scan. O_NOFOLLOW: an attribute is a file, never a link, and one
+	// that is a link (to outside the root, say) is not read through.
+	fd, err := d.openat(name, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOFOLLOW)
 	if err != nil {
 		return nil, false, d.err("open", name, err)
 	}
@@ -155,6 +157,12 @@ func (d Dir) ReadlinkTo(name string, buf []byte) (int, error) {
 // List returns the sorted entry names of the directory name below d ("."
 // for d itself); a missing directory has none.
 func (d Dir) List(name string) ([]string, error) {
+	return d.list(name, unix.Getdents)
+}
+
+// list is List with the getdents call passed in, so that a test can have
+// the kernel answer in pieces, as FUSE and virtiofs do.
+func (d Dir) list(name string, getdents func(fd int, buf []byte) (int, error)) ([]string, error) {
 	fd, err := d.openat(name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -165,8 +173,11 @@ func (d Dir) List(name string) ([]string, error) {
 	defer unix.Close(fd)
 	var names []string
 	buf := make([]byte, 32<<10)
+	// Only getdents returning 0 says the directory is exhausted: a local
+	// file system fills the buffer while entries fit, but Linux does not
+	// promise it, and FUSE and virtiofs answer a page at a time.
 	for {
-		n, err := unix.Getdents(fd, buf)
+		n, err := getdents(fd, buf)
 		if err == unix.EINTR {
 			continue
 		}
@@ -177,11 +188,6 @@ func (d Dir) List(name string) ([]string, error) {
 			break
 		}
 		names = appendNames(names, buf[:n])
-		// getdents fills the buffer while entries fit; with room left for
-		// the largest entry (19 + 256 bytes) the directory is exhausted.
-		if n < len(buf)-280 {
-			break
-		}
 	}
 	slices.Sort(names)
 	return names, nil

@@ -17,6 +17,7 @@ import (
 var (
 	errInvalid error = syscall.EINVAL
 	errNotDir  error = syscall.ENOTDIR
+	errLoop    error = syscall.ELOOP
 )
 
 // The portable Dir holds no descriptor: every call goes by full path.
@@ -74,6 +75,11 @@ func (d Dir) Close() {}
 func (d Dir) readTo(name string, buf []byte) ([]byte, bool, error) {
 	if strings.IndexByte(name, 0) >= 0 {
 		return nil, false, d.err("open", name, errInvalid)
+	}
+	// An attribute is a file, never a link: one that is a link is not
+	// read through.
+	if st, err := os.Lstat(d.full(name)); err == nil && st.Mode()&fs.ModeSymlink != 0 {
+		return nil, false, d.err("open", name, errLoop)
 	}
 	f, err := os.Open(d.full(name))
 	if err != nil {

@@ -66,6 +66,10 @@ func TestRead(t *testing.T) {
 	require.Error(t, err, "a directory is not an attribute")
 	_, err = d.Read("bad\x00name")
 	require.ErrorIs(t, err, unix.EINVAL)
+	// An attribute that is a link is not read through.
+	require.NoError(t, os.Symlink("uevent", filepath.Join(root, "dev", "alias")))
+	_, err = d.Read("alias")
+	require.ErrorIs(t, err, unix.ELOOP)
 }
 
 func TestView(t *testing.T) {

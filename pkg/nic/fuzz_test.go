@@ -111,17 +111,26 @@ func copyTree(src, dst string) error {
 }
 
 // corrupt damages the entry rel below root: 0 garbage content, 1 gone, 2 a
-// symlink to itself, 3 a directory where it was.
+// symlink to itself, 3 a directory where it was, 4 a symlink out of the
+// root to the same path (for a link, to where it pointed) below
+// <root>/../outside, with the tail the scan looks for.
 func corrupt(root, rel string, action uint8, content []byte) {
 	target := filepath.Join(root, rel)
+	out := rel
+	if t, err := os.Readlink(target); err == nil {
+		out, _ = filepath.Rel(root, filepath.Join(filepath.Dir(target), t))
+	}
 	_ = os.RemoveAll(target)
-	switch action % 4 {
+	switch action % 5 {
 	case 0:
 		_ = os.WriteFile(target, content, 0o644)
 	case 2:
 		_ = os.Symlink(filepath.Base(target), target)
 	case 3:
 		_ = os.MkdirAll(filepath.Join(target, string(content)), 0o755)
+	case 4:
+		up := strings.Repeat("../", strings.Count(rel, "/")+1)
+		_ = os.Symlink(up+"outside/"+out, target)
 	}
 }
 
@@ -168,27 +177,48 @@ func FuzzScanCorruptedSysfs(f *testing.F) {
 	f.Add(uint8(0), uint16(12), uint8(0), []byte("-99999999999999999999"))
 	f.Add(uint8(1), uint16(300), uint8(0), []byte("../../../../../.."))
 	f.Add(uint8(1), uint16(500), uint8(2), []byte(""))
+	f.Add(uint8(0), uint16(290), uint8(4), []byte(""))
 	f.Fuzz(func(t *testing.T, host uint8, which uint16, action uint8, content []byte) {
 		scanCorrupted(t, int(host)%len(corruptHosts), int(which), action, content)
 	})
 }
 
 // TestScanCorruptedEveryEntry damages every entry of both hosts once, the
-// four kinds of damage in turn, and checks the invariants after each scan.
+// five kinds of damage in turn, and checks the invariants after each scan.
 func TestScanCorruptedEveryEntry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a scan per sysfs entry of two hosts; -short skips it")
 	}
 	setUpHosts(t)
-	contents := [][]byte{[]byte("garbage\n"), nil, nil, []byte("x")}
+	contents := [][]byte{[]byte("garbage\n"), nil, nil, []byte("x"), nil}
 	for h := range corruptHosts {
 		for i, rel := range hosts.paths[h] {
-			action := uint8(i % 4)
+			action := uint8(i % len(contents))
 			t.Run(fmt.Sprintf("%s/%d/%s", corruptHosts[h].name, action, rel), func(t *testing.T) {
 				scanCorrupted(t, h, i, action, contents[action])
 			})
 		}
 	}
+}
+
+// TestScanClassLinksOutOfRoot points each class entry a scan reads
+// (net, infiniband, infiniband_verbs, infiniband_mad) out of the root, to
+// a path with the tail that names the function: nothing is taken from it.
+func TestScanClassLinksOutOfRoot(t *testing.T) {
+	setUpHosts(t)
+	n := 0
+	for h := range corruptHosts {
+		for i, rel := range hosts.paths[h] {
+			class, name, ok := strings.Cut(strings.TrimPrefix(rel, "sys/class/"), "/")
+			if !ok || rel == "sys/class/"+class || strings.Contains(name, "/") ||
+				class != "net" && !strings.HasPrefix(class, "infiniband") {
+				continue
+			}
+			n++
+			t.Run(corruptHosts[h].name+"/"+rel, func(t *testing.T) { scanCorrupted(t, h, i, 4, nil) })
+		}
+	}
+	require.Greater(t, n, 20)
 }
 
 // checkSnapshot asserts what a scan promises whatever sysfs holds:

@@ -105,8 +105,40 @@ func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(nam
 	return out, nil
 }
 
-// ownerOf returns the PCI address in ".../<addr>/<sub>/<name>", or "".
+// ClassLinkInside reports whether target, the target of an entry of
+// <sys>/class/<class>, stays inside <sys>/devices: the kernel makes every
+// one relative, "../../devices/…", with no "." or ".." after that. A link
+// that leaves (a tree built by hand, a mount gone wrong) is not followed
+// and names no owner, as pci's bus links are checked before use.
+func ClassLinkInside(target string) bool { return classLinkInside([]byte(target)) }
+
+var devicesPrefix = []byte("../../devices/")
+
+func classLinkInside(target []byte) bool {
+	rest, ok := bytes.CutPrefix(target, devicesPrefix)
+	if !ok || len(rest) == 0 {
+		return false
+	}
+	for len(rest) > 0 {
+		elem := rest
+		if i := bytes.IndexByte(rest, '/'); i >= 0 {
+			elem, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		if len(elem) == 0 || len(elem) <= 2 && elem[0] == '.' && (len(elem) == 1 || elem[1] == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// ownerOf returns the PCI address in "../../devices/…/<addr>/<sub>/<name>",
+// or "" when the link names no PCI function or leaves <sys>/devices.
 func ownerOf(target []byte, sub, name string) string {
+	if !classLinkInside(target) {
+		return ""
+	}
 	rest, ok := bytes.CutSuffix(target, []byte(name))
 	if !ok {
 		return ""

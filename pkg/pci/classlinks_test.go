@@ -18,9 +18,34 @@ func TestOwnerOf(t *testing.T) {
 		{"../../devices/pci0000:15/0000:18:00.0/net/other", "net", "ibp24s0", ""},
 		{"garbage", "net", "garbage", ""},
 		{"/net/x", "net", "x", ""},
+		// Links that leave <sys>/devices name no owner, whatever their tail.
+		{"../../../../etc/devices/pci0000:15/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../../devices/../../../x/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../../devices/pci0000:15/./0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../../devices//0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"/sys/devices/pci0000:15/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../class/../../devices/pci0000:15/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
 	}
 	for _, tt := range tests {
 		require.Equal(t, tt.want, ownerOf([]byte(tt.target), tt.sub, tt.name), tt.target)
+	}
+}
+
+func TestClassLinkInside(t *testing.T) {
+	for target, want := range map[string]bool{
+		"../../devices/pci0000:15/0000:18:00.1/net/eth0": true,
+		"../../devices/virtual/net/lo":                   true,
+		"../../devices/..x/0000:18:00.1/net/eth0":        true, // a name that starts with dots
+		"../../devices/":                                 false,
+		"../../devices/a/../../../etc":                   false,
+		"../../devices/a/..":                             false,
+		"../../devices/./a":                              false,
+		"../../../devices/a":                             false,
+		"/sys/devices/a":                                 false,
+		"devices/a":                                      false,
+		"":                                               false,
+	} {
+		require.Equal(t, want, ClassLinkInside(target), target)
 	}
 }
 
@@ -33,6 +58,7 @@ func TestReadClassLinks(t *testing.T) {
 		"a0":    "../../devices/pci0000:00/0000:00:01.0/0000:01:00.1/net/a0",
 		"eth9":  "../../devices/pci0000:00/0000:02:00.0/net/eth9",
 		"veth1": "../../devices/virtual/net/veth1",
+		"out0":  "../../../../outside/devices/pci0000:00/0000:00:01.0/0000:01:00.1/net/out0",
 	} {
 		require.NoError(t, os.Symlink(target, filepath.Join(class, name)))
 	}

@@ -19,19 +19,6 @@ func ReadString(path string) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// ReadInt reads a decimal sysfs attribute at path.
-func ReadInt(path string) (int, error) {
-	s, err := ReadString(path)
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return 0, fmt.Errorf("%s: not a number: %q", path, s)
-	}
-	return n, nil
-}
-
 func readInt(d sysfs.Dir, name string) (int, error) {
 	b, err := d.Read(name)
 	if err != nil {

@@ -448,6 +448,42 @@ func checkName(dev string) error {
 	return nil
 }
 
+func classCharDevices(path string, out map[string][]CharDevice) error {
+	dir, err := sysfs.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	names, err := dir.List(".")
+	if err != nil {
+		return err
+	}
+	for _, e := range names {
+		kind, ok := charKind(e)
+		if !ok {
+			continue
+		}
+		if target, err := dir.Readlink(e); err != nil || !pci.ClassLinkInside(target) {
+			continue
+		}
+		ibdev, err := dir.Read(e + "/ibdev")
+		if err != nil {
+			continue
+		}
+		cd := CharDevice{Kind: kind, Name: e, Path: DevDir + "/" + e}
+		if kind != KindUverbs {
+			if p, err := dir.Read(e + "/port"); err == nil {
+				cd.Port, _ = strconv.Atoi(string(p))
+			}
+		}
+		out[string(ibdev)] = append(out[string(ibdev)], cd)
+	}
+	return nil
+}
+
 // readDirNames lists a directory, sorted; a missing directory is empty.
 func readDirNames(dir string) ([]string, error) {
 	d, err := sysfs.Open(dir)
@@ -465,28 +501,12 @@ func readDirNames(dir string) ([]string, error) {
 // <root>/sys/class/infiniband_verbs and infiniband_mad (each entry's ibdev
 // and port attributes). Discovery reads the PCI function's own directories
 // first; this is the fallback for layouts that only show the class view.
+// An entry whose link leaves <root>/sys/devices is not read through.
 func (r *Reader) ClassCharDevices() (map[string][]CharDevice, error) {
 	out := map[string][]CharDevice{}
 	for _, class := range []string{"infiniband_verbs", "infiniband_mad"} {
-		dir := filepath.Join(r.sys, "class", class)
-		names, err := readDirNames(dir)
-		if err != nil {
+		if err := classCharDevices(filepath.Join(r.sys, "class", class), out); err != nil {
 			return nil, err
-		}
-		for _, e := range names {
-			kind, ok := charKind(e)
-			if !ok {
-				continue
-			}
-			ibdev, err := pci.ReadString(filepath.Join(dir, e, "ibdev"))
-			if err != nil {
-				continue
-			}
-			cd := CharDevice{Kind: kind, Name: e, Path: DevDir + "/" + e}
-			if kind != KindUverbs {
-				cd.Port, _ = pci.ReadInt(filepath.Join(dir, e, "port"))
-			}
-			out[ibdev] = append(out[ibdev], cd)
 		}
 	}
 	for k := range out {

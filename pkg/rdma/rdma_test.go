@@ -203,3 +203,31 @@ func TestDevicesPorts(t *testing.T) {
 	_, err = r.DevicesAt(dir)
 	require.ErrorContains(t, err, "link_layer")
 }
+
+// The class view fallback reads an entry's ibdev through its link only
+// when the link stays inside <root>/sys/devices.
+func TestClassCharDevicesStayInRoot(t *testing.T) {
+	host := t.TempDir()
+	root := filepath.Join(host, "root")
+	write := func(p, s string) {
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(s), 0o644))
+	}
+	link := func(target, p string) {
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.Symlink(target, p))
+	}
+	fn := "devices/pci0000:00/0000:01:00.0/infiniband_verbs/"
+	write(filepath.Join(root, "sys", fn, "uverbs0", "ibdev"), "mlx5_0\n")
+	link("../../"+fn+"uverbs0", filepath.Join(root, "sys/class/infiniband_verbs/uverbs0"))
+	// The same layout outside the root, and a link out to it.
+	write(filepath.Join(host, "outside", fn, "uverbs1", "ibdev"), "mlx5_0\n")
+	link("../../../../outside/"+fn+"uverbs1", filepath.Join(root, "sys/class/infiniband_verbs/uverbs1"))
+	link("../../devices/../../../outside/"+fn+"uverbs1", filepath.Join(root, "sys/class/infiniband_verbs/uverbs2"))
+
+	got, err := rdma.NewReader(root).ClassCharDevices()
+	require.NoError(t, err)
+	require.Equal(t, map[string][]rdma.CharDevice{
+		"mlx5_0": {{Kind: "uverbs", Name: "uverbs0", Path: "/dev/infiniband/uverbs0"}},
+	}, got)
+}

@@ -1,0 +1,44 @@
+//go:build !fastpath_portable
+
+package sysfs
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// List reads until getdents returns 0, however little each call returns:
+// the real getdents, asked for at most a page (as FUSE and virtiofs
+// answer) or for a few entries at a time, on a directory many pages long.
+func TestListShortReads(t *testing.T) {
+	root := t.TempDir()
+	var want []string
+	for i := 0; i < 2000; i++ {
+		n := fmt.Sprintf("entry-with-a-longish-name-%05d", i)
+		want = append(want, n)
+		require.NoError(t, os.WriteFile(filepath.Join(root, n), nil, 0o644))
+	}
+	d, err := Open(root)
+	require.NoError(t, err)
+	defer d.Close()
+	for _, limit := range []int{4096, 512, 300} {
+		calls, short := 0, 0
+		got, err := d.list(".", func(fd int, buf []byte) (int, error) {
+			calls++
+			n, err := unix.Getdents(fd, buf[:min(limit, len(buf))])
+			if n > 0 && n < len(buf)-280 {
+				short++ // an answer the old end-of-directory guess took for the last
+			}
+			return n, err
+		})
+		require.NoError(t, err, "limit %d", limit)
+		require.Equal(t, want, got, "limit %d", limit)
+		require.Greater(t, short, 1, "limit %d: the kernel answered in pieces", limit)
+		require.Equal(t, short+1, calls, "limit %d: one more call, which returns 0", limit)
+	}
+}
