@@ -1,15 +1,11 @@
 package doctor
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
@@ -83,26 +79,6 @@ func (h *host) classDevs() map[string][]classDev {
 		}
 	}
 	return out
-}
-
-// nodeProblem says what is wrong with <devDir>/<name> for a device sysfs
-// numbers devno; "" when nothing.
-func nodeProblem(devDir, name, devno string) (kind, detail string) {
-	path := filepath.Join(devDir, name)
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return "missing", name
-		}
-		return "unreadable", fmt.Sprintf("%s (%v)", name, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-		return "not a char device", name
-	}
-	if got := fmt.Sprintf("%d:%d", unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))); got != devno {
-		return "stale", fmt.Sprintf("%s is %s, sysfs says %s", name, got, devno)
-	}
-	return "", ""
 }
 
 func (h *host) checkCharDevices() {

@@ -15,8 +15,6 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
@@ -131,29 +129,6 @@ type Kernel interface {
 	// IPv4Addrs are the IPv4 addresses of netdev in doctor's own network
 	// namespace; ErrNoLink when netdev is not in it.
 	IPv4Addrs(netdev string) ([]string, error)
-}
-
-// SameKernel reports whether root is this machine's root as the running
-// kernel sees it, so that doctor may ask the kernel (netlink) about the
-// node: root is "/", or <root>/sys is a sysfs mount (only the running
-// kernel serves one: the plugin's pod mounts the node's /sys at /host/sys),
-// or <root>/proc has the running kernel's boot_id (kubectl debug node's
-// /host).
-func SameKernel(root string) bool {
-	if filepath.Clean(root) == "/" {
-		return true
-	}
-	var fs unix.Statfs_t
-	if unix.Statfs(filepath.Join(root, "sys"), &fs) == nil && fs.Type == unix.SYSFS_MAGIC {
-		return true
-	}
-	const bootID = "proc/sys/kernel/random/boot_id"
-	ours, err := os.ReadFile("/" + bootID)
-	if err != nil {
-		return false
-	}
-	theirs, err := os.ReadFile(filepath.Join(root, bootID))
-	return err == nil && strings.TrimSpace(string(ours)) == strings.TrimSpace(string(theirs))
 }
 
 // host is what one run knows about the node, shared by the checks.
