@@ -6,11 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	fixturepkg "github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testbin"
 )
 
 // runDoctorCmd runs `rdma-device-plugin doctor args…` and returns stdout,
@@ -93,4 +98,55 @@ func TestDoctorHostRootFromEnv(t *testing.T) {
 	t.Setenv("FASTPATH_HOST_ROOT", fixture("edge"))
 	out, _, _ := runDoctorCmd(t, append([]string{"--config", "", "-o", "json"}, offline...)...)
 	require.Contains(t, out, filepath.Join(fixture("edge"), "sys", "module", "ib_core", "parameters", "netns_mode"))
+}
+
+// TestDoctorUnprivileged runs the real binary as nobody: what it may not
+// read (the kubelet's directory, another user's process, a root-only log)
+// is a skip that says so, not a failure.
+func TestDoctorUnprivileged(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("drops to nobody with setpriv: run as root (CI does)")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv (util-linux)")
+	}
+	// A world-readable directory for the binary and the fixture host.
+	open, err := os.MkdirTemp("", "doctor-unpriv-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(open) })
+	require.NoError(t, os.Chmod(open, 0o755))
+	built := filepath.Join(testbin.Build(t, "github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin"), "rdma-device-plugin")
+	bin := filepath.Join(open, "rdma-device-plugin")
+	b, err := os.ReadFile(built)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, b, 0o755))
+	host := filepath.Join(open, "host")
+	require.NoError(t, fixturepkg.Write(host, "edge"))
+
+	private := t.TempDir() // 0700, root's
+	kdir := filepath.Join(private, "device-plugins")
+	require.NoError(t, os.MkdirAll(kdir, 0o755))
+	logPath := filepath.Join(private, "train.log")
+	require.NoError(t, os.WriteFile(logPath, []byte("NCCL INFO Using network IB\n"), 0o600))
+
+	cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "doctor", "--host-root", host,
+		"--config", "", "--kubelet-dir", kdir, "--cni-bin-dir", "", "--cni-conf-dir", "",
+		"--pod", strconv.Itoa(os.Getpid()), "--nccl-log", logPath, "-o", "json")
+	out, _ := cmd.Output()
+	var v struct {
+		Checks []struct{ Name, Status, Message string } `json:"checks"`
+	}
+	require.NoError(t, json.Unmarshal(out, &v), "%s", out)
+	seen := map[string]bool{}
+	for _, c := range v.Checks {
+		switch c.Name {
+		case "kubelet", "pod", "nccl-log":
+			require.Equal(t, "skip", c.Status, "%s: %s", c.Name, c.Message)
+			require.Contains(t, c.Message, "permission denied")
+			seen[c.Name] = true
+		}
+	}
+	require.Equal(t, map[string]bool{"kubelet": true, "pod": true, "nccl-log": true}, seen)
+	require.Contains(t, string(out), `"name": "kernel-module"`, "what sysfs shows is checked unprivileged")
 }

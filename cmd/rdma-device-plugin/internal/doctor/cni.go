@@ -95,6 +95,9 @@ func (h *host) checkCNIBinary() {
 	}
 	bin := filepath.Join(dir, "sriov")
 	fi, err := os.Stat(bin)
+	if h.denied(name, bin, err) {
+		return
+	}
 	if err != nil {
 		h.addf(name, Fail, bin, "the DaemonSet's init container installs it: kubectl -n fastpath rollout restart ds/rdma-device-plugin, and check that its hostPath is the runtime's CNI bin_dir",
 			"%v: every pod attached to a NetworkAttachmentDefinition of type sriov fails to start (failed to find plugin \"sriov\")", err)
@@ -173,6 +176,9 @@ func (h *host) checkMultus() {
 	const name = "multus"
 	dir := h.opts.CNIConfDir
 	ents, err := os.ReadDir(dir)
+	if h.denied(name, dir, err) {
+		return
+	}
 	if err != nil {
 		st := Skip
 		msg := fmt.Sprintf("cannot check the CNI configs: %v (the plugin's pod does not mount it)", err)

@@ -9,7 +9,9 @@ package doctor
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -159,6 +161,16 @@ func (h *host) addf(name string, st Status, subject, fix, format string, args ..
 // sys is a path below the host's /sys.
 func (h *host) sys(p ...string) string {
 	return filepath.Join(append([]string{h.root, "sys"}, p...)...)
+}
+
+// denied adds a skip when err is a permission error, and reports whether
+// it was: what doctor cannot read unprivileged is said, not failed.
+func (h *host) denied(name, subject string, err error) bool {
+	if !errors.Is(err, fs.ErrPermission) {
+		return false
+	}
+	h.addf(name, Skip, subject, "run doctor as root on the node, or in the plugin's pod", "not checked: %v", err)
+	return true
 }
 
 // read reads a sysfs attribute below the host root, trimmed.

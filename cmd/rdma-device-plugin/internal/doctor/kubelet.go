@@ -64,6 +64,7 @@ func (h *host) readCheckpoint() {
 	}
 	b, err := os.ReadFile(filepath.Join(h.opts.KubeletDir, checkpointFile))
 	if err != nil {
+		h.denied("kubelet", checkpointFile, err)
 		return
 	}
 	var cp checkpoint
@@ -118,18 +119,21 @@ func (h *host) checkKubelet() {
 		return
 	}
 	if _, err := os.Stat(dir); err != nil {
+		if h.denied(name, dir, err) {
+			return
+		}
 		h.addf(name, Fail, dir, "find the kubelet's --root-dir (ps -o args -C kubelet) and pass its device-plugins directory with --kubelet-dir; set the DaemonSet's hostPath and --kubelet-dir to it too",
 			"%v: the kubelet keeps its device-plugins directory elsewhere (k0s, microk8s and some distributions move --root-dir), or it is not mounted here", err)
 		return
 	}
 	sock := filepath.Join(dir, filepath.Base(pluginapi.KubeletSocket))
-	if err := dialSocket(sock); err != nil {
-		msg, fix := fmt.Sprintf("%v: the kubelet is not running, so nothing registers and no pod gets a device", err), "systemctl status kubelet; journalctl -u kubelet"
-		if errors.Is(err, fs.ErrNotExist) {
-			msg = sock + " does not exist: the kubelet is not running, or this is not its device-plugins directory"
-		}
-		h.add(name, Fail, sock, msg, fix)
-	} else {
+	switch err := dialSocket(sock); {
+	case h.denied(name, sock, err):
+	case errors.Is(err, fs.ErrNotExist):
+		h.add(name, Fail, sock, sock+" does not exist: the kubelet is not running, or this is not its device-plugins directory", "systemctl status kubelet; journalctl -u kubelet")
+	case err != nil:
+		h.addf(name, Fail, sock, "systemctl status kubelet; journalctl -u kubelet", "%v: the kubelet is not running, so nothing registers and no pod gets a device", err)
+	default:
 		h.add(name, OK, sock, "the kubelet answers", "")
 	}
 	if h.opts.Config == nil {
@@ -138,7 +142,11 @@ func (h *host) checkKubelet() {
 	for _, p := range h.pools {
 		r := p.ResourceName()
 		ps := filepath.Join(dir, plugin.SocketName(p.Prefix, p.Name))
-		if err := askPlugin(ps); err != nil {
+		err := askPlugin(ps)
+		if h.denied(name, r, err) {
+			continue
+		}
+		if err != nil {
 			msg := fmt.Sprintf("the plugin does not answer on %s: %v", ps, err)
 			if errors.Is(err, fs.ErrNotExist) {
 				msg = ps + " does not exist: the plugin is not running, or not serving this pool"

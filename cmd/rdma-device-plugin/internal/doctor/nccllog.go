@@ -73,6 +73,9 @@ func (h *host) checkNCCLLog() {
 	const name = "nccl-log"
 	path := h.opts.NCCLLog
 	f, err := os.Open(path)
+	if h.denied(name, path, err) {
+		return
+	}
 	if err != nil {
 		h.addf(name, Fail, path, "", "cannot read the log: %v", err)
 		return

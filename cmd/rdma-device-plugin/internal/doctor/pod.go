@@ -68,7 +68,11 @@ func (h *host) checkPod() {
 	subject := "pid " + pid
 	var p pod
 	var err error
-	if p.env, err = readEnviron(filepath.Join(proc, "environ")); err != nil {
+	p.env, err = readEnviron(filepath.Join(proc, "environ"))
+	if h.denied(name, subject, err) {
+		return
+	}
+	if err != nil {
 		h.addf(name, Fail, subject, "run doctor on the node as root with the container's PID: crictl inspect --output go-template --template '{{.info.pid}}' <container>; the plugin's pod has no hostPID",
 			"cannot read the container's environment: %v", err)
 		return
@@ -103,6 +107,9 @@ func (h *host) podDevices(p *pod, proc, subject string) {
 	const name = "pod"
 	devDir := filepath.Join(proc, "root", rdma.DevDir)
 	ents, err := os.ReadDir(devDir)
+	if h.denied(name, subject, err) {
+		return
+	}
 	if err != nil && !os.IsNotExist(err) {
 		h.addf(name, Fail, subject, "run doctor as root on the node", "cannot list the container's %s: %v", rdma.DevDir, err)
 		return
