@@ -31,8 +31,10 @@ type Device struct {
 	Netdev string `json:"netdev"`
 	// PFNetdev is the netdev of the PF (for a PF, its own).
 	PFNetdev string `json:"pfNetdev,omitempty"`
-	// LinkType is the RDMA port link layer (rdma.LinkLayerInfiniBand or
-	// rdma.LinkLayerEthernet), or "" when the function has no RDMA device.
+	// LinkType is rdma.LinkLayerInfiniBand or rdma.LinkLayerEthernet: the
+	// link layer of the RDMA device's first port or, for a function
+	// without an RDMA device (vfio-pci, unbound, mlx5_ib not loaded), what
+	// its PCI class says (0x0207xx InfiniBand, 0x0200xx Ethernet).
 	LinkType   string `json:"linkType"`
 	RDMADevice string `json:"rdmaDevice"`
 	// CharDevices are the RDMA char devices that belong to RDMADevice

@@ -214,7 +214,7 @@ func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []r
 		Model: s.names.Model(f.Vendor, f.Device), Driver: f.Driver, NUMANode: f.NUMANode,
 		PFAddress: f.PhysFn, VFIndex: vfIndex, TotalVFs: sr.TotalVFs, NumVFs: sr.NumVFs,
 		UpstreamBridges: f.Bridges, RootComplex: f.RootComplex,
-		CharDevices: []rdma.CharDevice{},
+		CharDevices: []rdma.CharDevice{}, LinkType: classLinkType(f),
 	}
 	var warns []string
 	warn := func(format string, args ...any) {
@@ -271,7 +271,9 @@ func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []r
 	}
 	r := devs[0]
 	d.RDMADevice = r.Name
-	d.LinkType = r.LinkLayer()
+	if ll := r.LinkLayer(); ll != "" {
+		d.LinkType = ll
+	}
 	hasUverbs := false
 	for _, c := range r.CharDevices {
 		if !nodes.Has(c.Path) {
@@ -285,4 +287,16 @@ func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []r
 		warn("%s: no uverbs char device (is ib_uverbs loaded?)", r.Name)
 	}
 	return d, warns
+}
+
+// classLinkType is the link type f's PCI class gives: a ConnectX port's
+// class follows its configured link type (InfiniBand or Ethernet).
+func classLinkType(f *pci.Function) string {
+	switch {
+	case f.IsInfiniBand():
+		return rdma.LinkLayerInfiniBand
+	case f.IsEthernet():
+		return rdma.LinkLayerEthernet
+	}
+	return ""
 }

@@ -102,7 +102,9 @@ func TestScanEdge(t *testing.T) {
 	noRDMA := dev(t, s, "0000:86:00.4")
 	require.Equal(t, "ibp134s0v3", noRDMA.Netdev)
 	require.Empty(t, noRDMA.RDMADevice)
-	require.Empty(t, noRDMA.LinkType)
+	require.Equal(t, "InfiniBand", noRDMA.LinkType, "from its PCI class, 0x020700")
+	require.Equal(t, "InfiniBand", vfio.LinkType, "from its PCI class, 0x020700")
+	require.Equal(t, "InfiniBand", unbound.LinkType, "from its PCI class, 0x020700")
 
 	sw := dev(t, s, "0000:af:00.0")
 	require.Equal(t, "enp175s0f0np0", sw.Netdev, "representors are not the PF's netdev")
@@ -204,4 +206,42 @@ func TestVFWithoutItsPF(t *testing.T) {
 	require.Equal(t, -1, d.VFIndex)
 	require.Empty(t, d.PFNetdev)
 	require.Equal(t, []string{vf + ": its PF " + pf + " is not among the NIC functions found (being removed or reset?); no VF index"}, s.Warnings)
+}
+
+// Without an RDMA device (vfio-pci, unbound, mlx5_ib not loaded) the link
+// type is what the PCI class says; with one, its port's link layer.
+func TestLinkTypeFromClass(t *testing.T) {
+	r := t.TempDir()
+	b, err := fixture.NewBuilder(r)
+	require.NoError(t, err)
+	parent, err := b.Bridge("pci0000:00", "0000:00:01.0", "8086", "347a", 0)
+	require.NoError(t, err)
+	vf := func(addr, class, driver string, group int) fixture.Function {
+		return fixture.Function{Address: addr, Vendor: "15b3", Device: "101e", Class: class, Driver: driver, IOMMUGroup: group}
+	}
+	for _, pf := range []fixture.Function{
+		{Address: "0000:01:00.0", Vendor: "15b3", Device: "101d", Class: "0x020000", Driver: "mlx5_core", IOMMUGroup: 10,
+			Parent: parent, TotalVFs: 4, Netdevs: []fixture.Netdev{{Name: "eth0", MAC: fixture.MAC(1, 0)}},
+			RDMA: []fixture.RDMADevice{{Name: "mlx5_0", LinkLayer: "Ethernet", Uverbs: 0, Umad: 0, NodeGUID: fixture.GUID(1, 0)}},
+			VFs:  []fixture.Function{vf("0000:01:00.1", "0x020000", "vfio-pci", 11), vf("0000:01:00.2", "0x020000", "", 12)}},
+		{Address: "0000:01:00.3", Vendor: "15b3", Device: "1021", Class: "0x020700", Driver: "mlx5_core", IOMMUGroup: 13,
+			Parent: parent, TotalVFs: 4, Netdevs: []fixture.Netdev{{Name: "ib0", MAC: fixture.MAC(1, 3), Type: 32}},
+			VFs: []fixture.Function{vf("0000:01:00.4", "0x020700", "vfio-pci", 14)}},
+	} {
+		require.NoError(t, b.Add(pf))
+	}
+	s, err := nic.NewScanner(r).Scan()
+	require.NoError(t, err)
+	for addr, want := range map[string]string{
+		"0000:01:00.0": "Ethernet",   // its RDMA device's port
+		"0000:01:00.1": "Ethernet",   // vfio-pci, class 0x020000
+		"0000:01:00.2": "Ethernet",   // unbound
+		"0000:01:00.3": "InfiniBand", // mlx5_core without an RDMA device
+		"0000:01:00.4": "InfiniBand", // vfio-pci, class 0x020700
+	} {
+		require.Equal(t, want, dev(t, s, addr).LinkType, addr)
+		one, err := nic.NewScanner(r).Device(addr)
+		require.NoError(t, err)
+		require.Equal(t, want, one.LinkType, addr)
+	}
 }

@@ -50,12 +50,25 @@ type Function struct {
 // IsVF reports whether f is an SR-IOV virtual function.
 func (f *Function) IsVF() bool { return f.PhysFn != "" }
 
+// PCI class codes (base class and subclass, as Function.Class begins) of
+// network controllers.
+const (
+	ClassEthernet   = "0x0200"
+	ClassInfiniBand = "0x0207"
+)
+
+// IsEthernet reports whether f's class is Ethernet controller (0x0200xx).
+func (f *Function) IsEthernet() bool { return strings.HasPrefix(f.Class, ClassEthernet) }
+
+// IsInfiniBand reports whether f's class is InfiniBand controller
+// (0x0207xx). A ConnectX port's class follows its configured link type.
+func (f *Function) IsInfiniBand() bool { return strings.HasPrefix(f.Class, ClassInfiniBand) }
+
 // IsNIC reports whether f is a Mellanox/NVIDIA network function: vendor
-// 15b3 and class Ethernet (0x0200xx) or InfiniBand (0x0207xx). ConnectX and
-// BlueField PCIe bridges and management functions share the vendor ID and
-// are not NICs.
+// 15b3 and class Ethernet or InfiniBand. ConnectX and BlueField PCIe
+// bridges and management functions share the vendor ID and are not NICs.
 func (f *Function) IsNIC() bool {
-	return f.Vendor == VendorMellanox && (strings.HasPrefix(f.Class, "0x0200") || strings.HasPrefix(f.Class, "0x0207"))
+	return f.Vendor == VendorMellanox && (f.IsEthernet() || f.IsInfiniBand())
 }
 
 // ErrNotFound is returned for a PCI address with no function under the root.

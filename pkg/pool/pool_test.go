@@ -358,3 +358,22 @@ func TestNCCLEnvRule(t *testing.T) {
 		})
 	}
 }
+
+// linkTypes select DPDK (vfio-pci) and unbound functions too: their link
+// type comes from the PCI class.
+func TestLinkTypesSelectVFIO(t *testing.T) {
+	devs := scan(t, "edge")
+	for _, tc := range []struct {
+		linkTypes string
+		want      []string
+	}{
+		{`["infiniband"]`, []string{"0000:86:00.1"}},
+		{`["ether"]`, []string{}},
+	} {
+		cfg, err := pool.Parse([]byte(`{"resourceList": [{"resourceName": "dpdk", "selectors": {"drivers": ["vfio-pci"], "linkTypes": ` + tc.linkTypes + `}}]}`))
+		require.NoError(t, err)
+		pools, _ := pool.Build(cfg, devs)
+		require.Len(t, pools, 1)
+		require.Equal(t, tc.want, addrs(pools[0]), tc.linkTypes)
+	}
+}

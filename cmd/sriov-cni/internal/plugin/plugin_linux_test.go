@@ -460,15 +460,19 @@ func TestCheckFindsDrift(t *testing.T) {
 
 func TestVFIOBoundVF(t *testing.T) {
 	e := newEnv(t, "edge")
-	conf := e.conf(`"deviceID":"0000:86:00.1","vlan":12,"ipam":{"type":"static","addresses":[{"address":"10.81.0.5/24"}]}`)
+	// Its PCI class (0x020700) says InfiniBand even with no RDMA device
+	// to ask: no VLAN.
+	_, err := e.add(e.conf(`"deviceID":"0000:86:00.1","vlan":12`), e.pod(), "c0", "net1")
+	require.ErrorContains(t, err, "an InfiniBand VF has no VLAN")
+	conf := e.conf(`"deviceID":"0000:86:00.1","trust":"on","ipam":{"type":"static","addresses":[{"address":"10.81.0.5/24"}]}`)
 	podNS := e.pod()
 	res, err := e.add(conf, podNS, "c1", "net1")
 	require.NoError(t, err)
 	require.Equal(t, "10.81.0.5/24", res.IPs[0].Address.String())
 	require.Equal(t, "0000:86:00.1", res.Interfaces[0].PciID)
-	require.Equal(t, []string{"VF ibp134s0 0", "SetVFVlan ibp134s0 0 12 0 0x8100"}, e.pf.Calls())
+	require.Equal(t, []string{"VF ibp134s0 0", "SetVFTrust ibp134s0 0 true"}, e.pf.Calls())
 	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-	require.Equal(t, 0, e.pf.Get("ibp134s0", 0).Vlan)
+	require.False(t, e.pf.Get("ibp134s0", 0).Trust)
 	_, err = os.Stat(filepath.Join(e.stateDir, "0000:86:00.1.json"))
 	require.ErrorIs(t, err, fs.ErrNotExist)
 }
