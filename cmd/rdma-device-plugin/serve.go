@@ -34,6 +34,7 @@ const (
 type serveFlags struct {
 	config, resourcePrefix, hostRoot, nodeRoot, kubeletDir, podResources, devInfoDir, cdiDir, metricsAddr, logLevel string
 	useCDI, version                                                                                                 bool
+	dra                                                                                                             draFlags
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -72,6 +73,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	fs.StringVar(&f.metricsAddr, "metrics-addr", defaultMetrics, "address for /healthz, /readyz and /metrics; empty disables them")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
+	registerDRAFlags(fs, &f.dra)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rdma-device-plugin [flags]            serve the pools to the kubelet\n"+
 			"       rdma-device-plugin discover [flags]   show what the node has (see discover -h)\n\n")
@@ -108,6 +110,13 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	if err := checkCharDevices(f.hostRoot, first.Pools); err != nil {
 		return err
 	}
+	// Pools the config serves through DRA go to the DRA driver, from the
+	// same scans; the device plugin turns them down (Serves).
+	ctx, scan, draHook, err := startDRA(ctx, f.dra, f.hostRoot, f.nodeRoot, f.devInfoDir, first, src.Scan, log)
+	if err != nil {
+		return err
+	}
+	defer draHook.stop() // also when something below fails to start
 	build := version.Get()
 	metrics := plugin.NewMetrics(build)
 	var held plugin.PodDevices
@@ -116,10 +125,8 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	}
 	m, err := plugin.NewManager(plugin.Options{
 		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, NodeRoot: f.nodeRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
-		ConfigPath: f.config, Scan: src.Scan, Metrics: metrics, Log: log, ReleaseMemory: true, PodResources: held,
-		// Every pool is served here; a second API (DRA) takes its pools
-		// by turning them down in Serves.
-		Serves: nil,
+		ConfigPath: f.config, Scan: scan, Metrics: metrics, Log: log, ReleaseMemory: true, PodResources: held,
+		Serves: servedByDevicePlugin,
 		Links: &plugin.NetlinkLinks{OnError: func(err error) {
 			log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)
 		}},
@@ -147,6 +154,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	}
 	log.Info("starting", "version", build.Version, "revision", build.Revision, "goVersion", build.GoVersion, "config", f.config, "hostRoot", f.hostRoot, "nodeRoot", f.nodeRoot, "kubeletDir", f.kubeletDir, "resources", resourceNames(first.Pools))
 	err = m.Run(ctx, first)
+	err = errors.Join(err, draHook.stop())
 	log.Info("stopped")
 	return err
 }

@@ -549,7 +549,7 @@ func TestServeStartupErrors(t *testing.T) {
 func TestServeFlags(t *testing.T) {
 	want := func(mod func(f *serveFlags)) serveFlags {
 		f := serveFlags{config: defaultConfig, resourcePrefix: "mellanox.com", hostRoot: "/", nodeRoot: "/", podResources: "/var/lib/kubelet/pod-resources/kubelet.sock", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
-			metricsAddr: defaultMetrics, logLevel: "info"}
+			metricsAddr: defaultMetrics, logLevel: "info", dra: defaultDRAFlags()}
 		if mod != nil {
 			mod(&f)
 		}

@@ -87,6 +87,9 @@ type Resource struct {
 	// DeviceType is the resourceList deviceType ("netDevice" or
 	// "accelerator"); "" for shared pools.
 	DeviceType string
+	// ServedBy is ServedByDevicePlugin or ServedByDRA (exclusive pools
+	// only).
+	ServedBy string
 	// Selectors select the pool's functions: a function belongs to the
 	// pool when any selector matches it.
 	Selectors []Selector
@@ -150,7 +153,7 @@ var (
 	sharedKeys = []string{"resourceName", "resourcePrefix", "rdmaHcaMax", "selectors", "devices", "excludeTopology", "ncclEnv"}
 	sharedSel  = []string{"vendors", "deviceIDs", "drivers", "ifNames", "linkTypes"}
 
-	exclusiveKeys = []string{"resourceName", "resourcePrefix", "deviceType", "excludeTopology", "selectors", "allocationPolicy", "ncclEnv"}
+	exclusiveKeys = []string{"resourceName", "resourcePrefix", "deviceType", "excludeTopology", "selectors", "allocationPolicy", "ncclEnv", "servedBy"}
 	exclusiveSel  = []string{"vendors", "devices", "drivers", "pciAddresses", "pfNames", "rootDevices", "linkTypes", "isRdma"}
 
 	// Keys of the upstream formats that fastpath understands but does not
@@ -170,6 +173,7 @@ var (
 	sharedUnsupportedKeys = map[string]string{
 		"allocationpolicy": "allocationPolicy applies to resourceList (exclusive) pools; a shared pool gives every container all its HCAs",
 		"devicetype":       "deviceType applies to resourceList (exclusive) pools",
+		"servedby":         "servedBy applies to resourceList (exclusive) pools: DRA hands out whole VFs; shared HCAs are served by the device plugin",
 	}
 )
 
@@ -348,7 +352,7 @@ var (
 // parseShared parses a configList entry; the *bool is its "ncclEnv", nil
 // when not given.
 func parseShared(e *value, cfg *Config) (Resource, *bool, error) {
-	r := Resource{Kind: Shared, Source: e.name()}
+	r := Resource{Kind: Shared, Source: e.name(), ServedBy: ServedByDevicePlugin}
 	o, err := e.object()
 	if err != nil {
 		return r, nil, err
@@ -417,7 +421,7 @@ func parseSharedFields(e *value, f map[string]*value, r Resource, cfg *Config) (
 // parseExclusive parses a resourceList entry; the *bool is its
 // "ncclEnv", nil when not given.
 func parseExclusive(e *value, cfg *Config, prefix string) (Resource, *bool, error) {
-	r := Resource{Kind: Exclusive, Source: e.name(), DeviceType: "netDevice"}
+	r := Resource{Kind: Exclusive, Source: e.name(), DeviceType: "netDevice", ServedBy: ServedByDevicePlugin}
 	o, err := e.object()
 	if err != nil {
 		return r, nil, err
@@ -468,6 +472,9 @@ func parseExclusiveFields(e *value, f map[string]*value, r Resource, cfg *Config
 		default:
 			return r, fmt.Errorf("%s: %q: want %q (VFs of as few PFs as possible) or %q (one VF per PF)", v.path, s, PolicyPack, PolicySpread)
 		}
+	}
+	if err := servedBy(f["servedBy"], &r); err != nil {
+		return r, err
 	}
 	v := f["selectors"]
 	if v == nil {

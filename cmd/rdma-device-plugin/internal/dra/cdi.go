@@ -1,0 +1,164 @@
+package dra
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
+)
+
+// CDI vendor and class of the VFs: device "rdma.fastpath-k8s.io/vf=<bdf>".
+// Multus (v4.3.0) takes what follows "=" in the CDI names that the
+// kubelet's PodResources API lists for a claim as the deviceID it hands to
+// the CNI, so the name of a VF's CDI device is its PCI address.
+const (
+	CDIVendor = DriverName
+	CDIClass  = "vf"
+	CDIKind   = CDIVendor + "/" + CDIClass
+)
+
+// CDIDeviceID is the fully qualified CDI name of the VF at pciAddress.
+func CDIDeviceID(pciAddress string) string {
+	return parser.QualifiedName(CDIVendor, CDIClass, pciAddress)
+}
+
+// CDISpecName is the file name of a claim's CDI spec: one transient spec
+// per claim, named after its UID, removed on Unprepare.
+func CDISpecName(claim types.UID) string {
+	return cdi.GenerateTransientSpecName(CDIVendor, CDIClass, string(claim)) + ".json"
+}
+
+// rdmaPort is the port of an mlx5 device (one port per function).
+const rdmaPort = 1
+
+// claimDevice is one VF of a claim being prepared.
+type claimDevice struct {
+	res *pool.Resource
+	dev *nic.Device
+}
+
+// claimSpec is the CDI spec of one claim: a CDI device per VF with exactly
+// that VF's char devices (or its vfio group), and, for the claim as a
+// whole, the node's rdma_cm (a host path, "" when none) and the
+// environment the device plugin's Allocate gives a container —
+// PCIDEVICE_<PREFIX>_<NAME>(_INFO) per pool, NCCL_IB_HCA and
+// UCX_NET_DEVICES naming all of the claim's VFs of the pool that sets them
+// (pool.Resource.NCCLEnv) at once. Host paths are under root, the node's.
+func claimSpec(devs []claimDevice, rdmaCM, root string) (*cdispec.Spec, error) {
+	spec := &cdispec.Spec{Kind: CDIKind}
+	addrs := map[string][]string{} // env name → PCI addresses
+	infos := map[string]map[string]plugin.DeviceInfo{}
+	var envOrder, hcas []string
+	needCM := false
+	for _, c := range devs {
+		d := c.dev
+		var nodes []*cdispec.DeviceNode
+		for _, p := range devicePaths(d) {
+			nodes = append(nodes, &cdispec.DeviceNode{Path: p, HostPath: hostPath(root, p), Permissions: "rw"})
+		}
+		cm := ""
+		if d.RDMADevice != "" && !d.IsVFIO() && rdmaCM != "" {
+			cm, needCM = rdmaCM, true
+		}
+		spec.Devices = append(spec.Devices, cdispec.Device{Name: d.PCIAddress, ContainerEdits: cdispec.ContainerEdits{DeviceNodes: nodes}})
+		env := plugin.EnvName(c.res.Prefix, c.res.Name)
+		if _, ok := addrs[env]; !ok {
+			envOrder = append(envOrder, env)
+			infos[env] = map[string]plugin.DeviceInfo{}
+		}
+		addrs[env] = append(addrs[env], d.PCIAddress)
+		infos[env][d.PCIAddress] = plugin.DeviceInfo{
+			PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, CharDevices: appendNonEmpty(d.CharDevicePaths(), cm), VFIODevices: d.VFIODevices,
+			Netdev: d.Netdev, PFPCIAddress: d.PFAddress, PFNetdev: d.PFNetdev, LinkType: d.LinkType, NUMANode: d.NUMANode,
+		}
+		if c.res.NCCLEnv && d.RDMADevice != "" && !d.IsVFIO() {
+			hcas = append(hcas, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
+		}
+	}
+	edits := &cdispec.ContainerEdits{}
+	if needCM {
+		edits.DeviceNodes = []*cdispec.DeviceNode{{Path: rdmaCM, HostPath: hostPath(root, rdmaCM), Permissions: "rw"}}
+	}
+	for _, env := range envOrder {
+		info, err := json.Marshal(infos[env])
+		if err != nil {
+			return nil, err
+		}
+		edits.Env = append(edits.Env, env+"="+strings.Join(addrs[env], ","), env+"_INFO="+string(info))
+	}
+	if len(hcas) > 0 {
+		// NCCL's exact-match syntax ("=" first: mlx5_1 does not also
+		// match mlx5_12), as the device plugin's Allocate writes it.
+		edits.Env = append(edits.Env, "NCCL_IB_HCA=="+strings.Join(hcas, ","), "UCX_NET_DEVICES="+strings.Join(hcas, ","))
+	}
+	if len(edits.Env) > 0 || len(edits.DeviceNodes) > 0 {
+		spec.ContainerEdits = *edits
+	}
+	v, err := cdispec.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, fmt.Errorf("cdi: %w", err)
+	}
+	spec.Version = v
+	return spec, nil
+}
+
+// devicePaths are the device nodes of one VF alone (host paths, without
+// any root): its vfio group for a vfio-pci VF, else its RDMA char devices.
+func devicePaths(d *nic.Device) []string {
+	if d.IsVFIO() {
+		return d.VFIODevices
+	}
+	return d.CharDevicePaths()
+}
+
+func appendNonEmpty(list []string, s string) []string {
+	if s == "" {
+		return list
+	}
+	return append(list, s)
+}
+
+func hostPath(root, path string) string {
+	if root == "" || root == "/" {
+		return path
+	}
+	return filepath.Join(root, path)
+}
+
+// cdiWriter writes and removes claim specs through the CDI library, which
+// validates each spec before it is written (atomically, by rename).
+type cdiWriter struct {
+	dir   string
+	cache *cdi.Cache
+}
+
+func newCDIWriter(dir string) (*cdiWriter, error) {
+	c, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("cdi %s: %w", dir, err)
+	}
+	return &cdiWriter{dir: dir, cache: c}, nil
+}
+
+func (w *cdiWriter) write(spec *cdispec.Spec, name string) error {
+	if err := w.cache.WriteSpec(spec, name); err != nil {
+		return fmt.Errorf("cdi %s: write spec %s: %w", w.dir, name, err)
+	}
+	return nil
+}
+
+func (w *cdiWriter) remove(name string) error {
+	if err := w.cache.RemoveSpec(name); err != nil {
+		return fmt.Errorf("cdi %s: remove spec %s: %w", w.dir, name, err)
+	}
+	return nil
+}

@@ -1,0 +1,139 @@
+package dra
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+)
+
+// LinkSource delivers link events of the host netns (plugin.NetlinkLinks
+// in production, plugin.ChanLinks in tests).
+type LinkSource interface {
+	Subscribe(ctx context.Context) (<-chan plugin.LinkEvent, error)
+}
+
+// Reasons for an unhealthy VF, the value of its TaintUnhealthy taint.
+const (
+	ReasonPFLinkDown = "pf-link-down"
+	ReasonNetdevGone = "netdev-gone"
+)
+
+// healthResend is how often the kubelet is told the devices' health when
+// nothing changed, well within its 30 s staleness window.
+const healthResend = 10 * time.Second
+
+// linkState is what netlink last told about an interface.
+type linkState struct{ up, deleted bool }
+
+// healthLocked decides a VF's health from the last link events, by the
+// device plugin's rule: a PF that is oper-down or gone takes its VFs down
+// with it; a VF whose netdev left the host netns is unusable unless it is
+// prepared for a claim (the CNI moved it into the pod) and its PCI
+// function still exists. Interfaces netlink never mentioned count as up.
+// d.mu must be held.
+func (d *Driver) healthLocked(e *entry) health {
+	if n := e.dev.PFNetdev; n != "" {
+		if st, ok := d.links[n]; ok && (!st.up || st.deleted) {
+			return health{reason: ReasonPFLinkDown}
+		}
+	}
+	if n := e.dev.Netdev; e.dev.IsVF() && n != "" {
+		if st, ok := d.links[n]; ok && st.deleted {
+			if !d.inUse[e.dev.PCIAddress] || !d.pciExists(e.dev.PCIAddress) {
+				return health{reason: ReasonNetdevGone}
+			}
+		}
+	}
+	return health{ok: true}
+}
+
+func (d *Driver) pciExists(addr string) bool {
+	_, err := os.Lstat(filepath.Join(d.opts.HostRoot, "sys", "bus", "pci", "devices", addr))
+	return err == nil
+}
+
+// watchLinks applies link events until ctx ends or the source closes.
+func (d *Driver) watchLinks(ctx context.Context, events <-chan plugin.LinkEvent) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				if ctx.Err() == nil {
+					d.log.Warn("dra: netlink subscription ended; VF health follows rescans only")
+				}
+				return
+			}
+			d.linkEvent(ev)
+		}
+	}
+}
+
+func (d *Driver) linkEvent(ev plugin.LinkEvent) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := linkState{up: ev.Up && !ev.Deleted, deleted: ev.Deleted}
+	old, known := d.links[ev.Name]
+	if !d.watched[ev.Name] {
+		// Not a netdev of a served VF or its PF (a pod's veth): kept
+		// while it exists, for a rescan that adds it, and no republish.
+		if ev.Deleted {
+			delete(d.links, ev.Name)
+		} else {
+			d.links[ev.Name] = st
+		}
+		return
+	}
+	d.links[ev.Name] = st
+	if known && old == st {
+		return
+	}
+	d.republish("link " + ev.Name)
+}
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin: every device's
+// health now, again on each change and every healthResend.
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	for {
+		report, changed := d.healthReport()
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- report:
+		}
+		t := time.NewTimer(healthResend)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+func (d *Driver) healthReport() (kubeletplugin.DeviceHealthReport, <-chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	report := kubeletplugin.DeviceHealthReport{Devices: make([]kubeletplugin.DeviceHealth, 0, len(d.entries))}
+	for i := range d.entries {
+		e := &d.entries[i]
+		h := d.healthLocked(e)
+		dh := kubeletplugin.DeviceHealth{PoolName: d.opts.NodeName, DeviceName: e.name, Health: kubeletplugin.HealthStatusHealthy,
+			LastUpdated: now, HealthCheckTimeout: 3 * healthResend}
+		if !h.ok {
+			dh.Health = kubeletplugin.HealthStatusUnhealthy
+			dh.Message = h.reason
+		}
+		report.Devices = append(report.Devices, dh)
+	}
+	return report, d.healthChanged
+}
