@@ -16,6 +16,8 @@ import (
 type NS struct {
 	ns ns.NetNS
 	h  *netlink.Handle
+	// current: opened by Current, so handles are made without setns.
+	current bool
 }
 
 // Open opens the namespace at path (a /proc/<pid>/ns/net or a bind mount
@@ -43,7 +45,7 @@ func Current() (*NS, error) {
 		n.Close()
 		return nil, fmt.Errorf("netns %s: netlink handle: %w", n.Path(), err)
 	}
-	return &NS{ns: n, h: h}, nil
+	return &NS{ns: n, h: h, current: true}, nil
 }
 
 // IsCurrent reports whether path names the calling thread's network
@@ -85,7 +87,15 @@ func (n *NS) Handle() *netlink.Handle { return n.h }
 // NewHandle opens a netlink handle in the namespace for other netlink
 // families (unix.NETLINK_RDMA, say); the caller closes it.
 func (n *NS) NewHandle(families ...int) (*netlink.Handle, error) {
-	h, err := netlink.NewHandleAt(vnetns.NsHandle(n.Fd()), families...)
+	var h *netlink.Handle
+	var err error
+	if n.current {
+		runtime.LockOSThread()
+		h, err = netlink.NewHandle(families...)
+		runtime.UnlockOSThread()
+	} else {
+		h, err = netlink.NewHandleAt(vnetns.NsHandle(n.Fd()), families...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("netns %s: netlink handle: %w", n.Path(), err)
 	}

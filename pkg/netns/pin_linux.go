@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,20 +30,31 @@ func Pin(path string) (_ *NS, err error) {
 	}()
 	errc := make(chan error, 1)
 	go func() {
-		// The thread stays locked: it ends in the new namespace, and a
-		// goroutine that exits locked takes its thread with it instead of
-		// handing it back to the scheduler.
 		runtime.LockOSThread()
+		orig, err := vnetns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open own netns: %w", err)
+			return
+		}
+		defer orig.Close()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("create: %w", err)
 			return
 		}
 		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		if err := unix.Mount(src, path, "", unix.MS_BIND, ""); err != nil {
-			errc <- fmt.Errorf("bind-mount: %w", err)
-			return
+		err = unix.Mount(src, path, "", unix.MS_BIND, "")
+		if err != nil {
+			err = fmt.Errorf("bind-mount: %w", err)
 		}
-		errc <- nil
+		// Back to where the thread was. If that fails, the thread stays
+		// locked: a goroutine that exits locked takes its thread with it
+		// rather than hand it, in the wrong namespace, to other goroutines.
+		if vnetns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	if err = <-errc; err != nil {
 		return nil, fmt.Errorf("netns: pin %s: %w", path, err)
@@ -55,9 +67,15 @@ func Pin(path string) (_ *NS, err error) {
 // still in the namespace go with it — the kernel destroys virtual ones and
 // sends physical ones to the initial namespace — so move them out first.
 func Unpin(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil &&
-		!errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("netns: unpin %s: %w", path, err)
+	var sfs unix.Statfs_t
+	err := unix.Statfs(path, &sfs)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err == nil && sfs.Type == unix.NSFS_MAGIC {
+		if err := unix.Unmount(path, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("netns: unpin %s: %w", path, err)
+		}
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("netns: unpin %s: %w", path, err)
