@@ -5,6 +5,8 @@
 package main
 
 import (
+	"os"
+
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
@@ -12,6 +14,11 @@ import (
 )
 
 func main() {
+	// The plugin refuses the host netns as CNI_NETNS itself, before ADD
+	// changes anything; skel's own check runs only after ADD (a second
+	// JSON document on stdout, the VF already renamed on the host) and
+	// fails every DEL of such an attachment forever.
+	_ = os.Setenv("CNI_NETNS_OVERRIDE", "1")
 	skel.PluginMainFuncs(plugin.New().Funcs(),
 		version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"),
 		"fastpath sriov CNI: ConnectX SR-IOV VFs with their RDMA devices")

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -24,6 +22,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/cmd/sriov-cni/internal/plugin"
 	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testnet"
 )
 
 func TestMain(m *testing.M) {
@@ -50,26 +49,17 @@ func dgxVFs() []vf {
 	return vfs
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // host runs the real binaries through libcni against the DGX fixture, with
 // veth links named as its VF netdevs standing in for the VFs.
 type host struct {
-	tb    testing.TB
-	cni   *libcni.CNIConfig
-	dir   string
-	peers []string
+	tb  testing.TB
+	cni *libcni.CNIConfig
+	dir string
 }
 
 func newHost(tb testing.TB) *host {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root: creates network namespaces and veth links standing in for VFs")
-	}
+	testnet.RequireRoot(tb, "creates network namespaces and veth links standing in for VFs")
 	bin := testbin.Build(tb, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov", testbin.HostLocal, testbin.Static, testbin.HostDevice)
 	root, err := filepath.Abs(filepath.Join("..", "..", "testdata", "sysfs", "dgx-h100"))
 	require.NoError(tb, err)
@@ -78,35 +68,18 @@ func newHost(tb testing.TB) *host {
 	dir := tb.TempDir()
 	// An explicit exec: libcni sets its default lazily, racing concurrent calls.
 	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	h := &host{tb: tb, dir: dir, cni: libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cache"), exec)}
-	tb.Cleanup(func() {
-		for _, p := range h.peers {
-			if l, err := netlink.LinkByName(p); err == nil {
-				_ = netlink.LinkDel(l)
-			}
-		}
-	})
-	return h
+	return &host{tb: tb, dir: dir, cni: libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cache"), exec)}
 }
 
 func (h *host) standIn(name string) netlink.Link {
 	h.tb.Helper()
-	peer := "fp" + randHex(4)
-	require.NoError(h.tb, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}))
-	h.peers = append(h.peers, peer)
-	l, err := netlink.LinkByName(name)
-	require.NoError(h.tb, err)
-	require.NoError(h.tb, netlink.LinkSetUp(l))
-	return l
+	return testnet.StandIn(h.tb, nil, name)
 }
 
 func (h *host) pod() string {
 	h.tb.Helper()
-	name := "fp-bin-" + randHex(4)
-	out, err := exec.Command("ip", "netns", "add", name).CombinedOutput()
-	require.NoError(h.tb, err, "%s", out)
-	h.tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	return "/var/run/netns/" + name
+	_, path := testnet.Netns(h.tb, "fp-bin-")
+	return path
 }
 
 // list is a one-plugin network list; the plugin takes deviceID from the

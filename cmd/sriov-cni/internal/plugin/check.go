@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -31,9 +32,13 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return invalidConf("prevResult: %v", err)
 	}
-	_, st, err := p.attachment(c, args)
+	store, err := NewStore(c.StateDir, log)
 	if err != nil {
-		return err
+		return fail(types.ErrIOFailure, "", "open state", err)
+	}
+	st, err := findAttachment(store, c, args)
+	if err != nil {
+		return fail(types.ErrIOFailure, "", "read state", err)
 	}
 	if st == nil {
 		return types.NewError(types.ErrUnknownContainer,
@@ -44,7 +49,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	}
 	vf := st.PCIAddress
 	if c.IPAM.Type != "" {
-		if _, err := ipamCall(ctx, "CHECK", args, c.IPAM.Type, args.StdinData); err != nil {
+		if _, err := p.ipamCall(ctx, "CHECK", args, c.IPAM.Type, nil); err != nil {
 			return fail(0, vf, "IPAM "+c.IPAM.Type+" CHECK", err)
 		}
 	}
@@ -112,7 +117,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	unavailable := func(format string, a ...any) error {
 		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf(format, a...), "")
 	}
-	store, err := NewStore(c.StateDir)
+	store, err := NewStore(c.StateDir, nil)
 	if err != nil {
 		return unavailable("state dir: %v", err)
 	}
@@ -132,7 +137,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 		}
 	}
 	if c.IPAM.Type != "" {
-		if _, err := ipamCall(ctx, "STATUS", &skel.CmdArgs{Path: args.Path}, c.IPAM.Type, args.StdinData); err != nil {
+		if _, err := p.ipamCall(ctx, "STATUS", &skel.CmdArgs{Path: args.Path, StdinData: args.StdinData}, c.IPAM.Type, nil); err != nil {
 			// The IPAM plugin's own code, when it gave one, wins.
 			return fail(types.ErrPluginNotAvailable, "", "IPAM "+c.IPAM.Type+" STATUS", err)
 		}
@@ -151,7 +156,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	log, closeLog := p.logger(c, nil)
 	defer closeLog()
-	store, err := NewStore(c.StateDir)
+	store, err := NewStore(c.StateDir, log)
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
 	}
@@ -175,14 +180,14 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		}
 		// Release it as a DEL of that attachment would.
 		a := &skel.CmdArgs{ContainerID: st.ContainerID, Netns: st.Netns, IfName: st.IfName, Path: args.Path, StdinData: args.StdinData}
-		if err := p.detach(ctx, log, store, vf, a, c.Name, true); err != nil {
+		if err := p.detach(ctx, log, c, store, vf, a); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		log.Info("collected stale attachment", "vf", vf, "container", shortID(st.ContainerID), "ifname", st.IfName)
 	}
 	if c.IPAM.Type != "" {
-		if _, err := ipamCall(ctx, "GC", &skel.CmdArgs{Path: args.Path}, c.IPAM.Type, args.StdinData); err != nil {
+		if _, err := p.ipamCall(ctx, "GC", &skel.CmdArgs{Path: args.Path, StdinData: args.StdinData}, c.IPAM.Type, nil); err != nil {
 			errs = append(errs, fmt.Errorf("IPAM %s GC: %w", c.IPAM.Type, err))
 		}
 	}
@@ -190,4 +195,26 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		return fail(0, "", "GC", errors.Join(errs...))
 	}
 	return nil
+}
+
+// findAttachment returns the state of the attachment args names on
+// network c.Name, or nil if there is none.
+func findAttachment(store *Store, c *NetConf, args *skel.CmdArgs) (*State, error) {
+	if id := c.deviceID(); id != "" {
+		st, err := store.Load(id)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, nil
+		case err != nil:
+			return nil, err
+		case st.is(c.Name, args.ContainerID, args.IfName):
+			return st, nil
+		}
+		return nil, nil
+	}
+	st, err := store.Find(c.Name, args.ContainerID, args.IfName)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return st, err
 }

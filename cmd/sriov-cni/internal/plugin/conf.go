@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
 // Defaults for fields a conf may leave out.
@@ -57,7 +58,7 @@ type NetConf struct {
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
 	// Parsed forms, filled by parseConf.
-	vf vfSettings `json:"-"`
+	vf sriov.Settings `json:"-"`
 }
 
 // RuntimeConfig holds the capability arguments the runtime passes.
@@ -67,39 +68,6 @@ type RuntimeConfig struct {
 	IPs               []string `json:"ips,omitempty"`
 	InfinibandGUID    string   `json:"infinibandGUID,omitempty"`
 	CNIDeviceInfoFile string   `json:"CNIDeviceInfoFile,omitempty"`
-}
-
-// Link states accepted by link_state, as IFLA_VF_LINK_STATE values.
-const (
-	LinkStateAuto    = 0
-	LinkStateEnable  = 1
-	LinkStateDisable = 2
-)
-
-// VLAN protocols (ETH_P_8021Q, ETH_P_8021AD).
-const (
-	VlanProto8021Q  = 0x8100
-	VlanProto8021AD = 0x88a8
-)
-
-// vfSettings are the VF settings a conf asks for, parsed; nil = leave alone.
-type vfSettings struct {
-	Vlan      *int
-	VlanQoS   *int
-	VlanProto *int
-	MAC       net.HardwareAddr
-	SpoofChk  *bool
-	Trust     *bool
-	LinkState *uint32
-	MinTxRate *int
-	MaxTxRate *int
-	GUID      net.HardwareAddr
-}
-
-// any reports whether the conf changes anything on the PF.
-func (v *vfSettings) any() bool {
-	return v.Vlan != nil || v.VlanQoS != nil || v.VlanProto != nil || v.MAC != nil || v.SpoofChk != nil ||
-		v.Trust != nil || v.LinkState != nil || v.MinTxRate != nil || v.MaxTxRate != nil || v.GUID != nil
 }
 
 // parseConf decodes and validates stdin. Every check that needs no
@@ -150,6 +118,9 @@ func parseConf(data []byte) (*NetConf, error) {
 	if c.MTU != nil && (*c.MTU < 68 || *c.MTU > 65535) {
 		return nil, invalidConf("mtu %d: want 68-65535", *c.MTU)
 	}
+	if c.LogFile != "" && !filepath.IsAbs(c.LogFile) {
+		return nil, invalidConf("logFile %q: want an absolute path", c.LogFile)
+	}
 	switch strings.ToLower(c.LogLevel) {
 	case "", "debug", "info", "warn", "warning", "error":
 	default:
@@ -179,13 +150,13 @@ func (c *NetConf) parseVF() error {
 		var p int
 		switch strings.ToLower(c.VlanProto) {
 		case "802.1q":
-			p = VlanProto8021Q
+			p = sriov.VlanProto8021Q
 		case "802.1ad":
-			p = VlanProto8021AD
+			p = sriov.VlanProto8021AD
 		default:
 			return invalidConf("vlanProto %q: want 802.1q or 802.1ad", c.VlanProto)
 		}
-		if p == VlanProto8021AD && (c.Vlan == nil || *c.Vlan == 0) {
+		if p == sriov.VlanProto8021AD && (c.Vlan == nil || *c.Vlan == 0) {
 			return invalidConf("vlanProto 802.1ad needs a non-zero vlan")
 		}
 		v.VlanProto = &p
@@ -221,11 +192,11 @@ func (c *NetConf) parseVF() error {
 	switch c.LinkState {
 	case "":
 	case "auto":
-		v.LinkState = ptr(uint32(LinkStateAuto))
+		v.LinkState = ptr(uint32(sriov.LinkStateAuto))
 	case "enable":
-		v.LinkState = ptr(uint32(LinkStateEnable))
+		v.LinkState = ptr(uint32(sriov.LinkStateEnable))
 	case "disable":
-		v.LinkState = ptr(uint32(LinkStateDisable))
+		v.LinkState = ptr(uint32(sriov.LinkStateDisable))
 	default:
 		return invalidConf("link_state %q: want auto, enable or disable", c.LinkState)
 	}

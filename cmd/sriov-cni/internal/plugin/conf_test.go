@@ -6,6 +6,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
 func TestParseConfValid(t *testing.T) {
@@ -21,12 +23,12 @@ func TestParseConfValid(t *testing.T) {
 	v := c.vf
 	require.Equal(t, 100, *v.Vlan)
 	require.Equal(t, 3, *v.VlanQoS)
-	require.Equal(t, VlanProto8021AD, *v.VlanProto)
+	require.Equal(t, sriov.VlanProto8021AD, *v.VlanProto)
 	require.Equal(t, "02:00:00:00:00:02", v.MAC.String(), "runtimeConfig.mac wins over mac")
 	require.False(t, *v.SpoofChk)
 	require.True(t, *v.Trust)
-	require.Equal(t, uint32(LinkStateEnable), *v.LinkState)
-	require.True(t, v.any())
+	require.Equal(t, uint32(sriov.LinkStateEnable), *v.LinkState)
+	require.True(t, v.Any())
 
 	// Multus' pciBusID and runtimeConfig.deviceID are deviceIDs too.
 	c, err = parseConf([]byte(`{"name":"n","type":"sriov","pciBusID":"0000:18:00.2"}`))
@@ -35,7 +37,7 @@ func TestParseConfValid(t *testing.T) {
 	c, err = parseConf([]byte(`{"name":"n","type":"sriov","deviceID":"0000:18:00.2","runtimeConfig":{"deviceID":"0000:18:00.3"}}`))
 	require.NoError(t, err)
 	require.Equal(t, "0000:18:00.3", c.deviceID())
-	require.False(t, c.vf.any())
+	require.False(t, c.vf.Any())
 
 	c, err = parseConf([]byte(`{"name":"n","type":"sriov","guid":"00:11:22:33:44:55:66:77"}`))
 	require.NoError(t, err)
@@ -73,6 +75,7 @@ func TestParseConfInvalid(t *testing.T) {
 		{"resource", `{"name":"n","resourceName":"mlnx_sriov_rdma"}`, "want <prefix>/<name>"},
 		{"devinfo", `{"name":"n","runtimeConfig":{"CNIDeviceInfoFile":"x.json"}}`, "CNIDeviceInfoFile"},
 		{"log level", `{"name":"n","logLevel":"loud"}`, `logLevel "loud"`},
+		{"log file relative", `{"name":"n","logFile":"sriov.log"}`, `logFile "sriov.log": want an absolute path`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseConf([]byte(tc.conf))

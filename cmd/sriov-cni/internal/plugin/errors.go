@@ -39,7 +39,7 @@ var ErrBusy = errors.New("VF is in use")
 // whole message (VF and step included) with the innermost CNI code in the
 // chain — a delegated IPAM plugin's own code survives our wrapping, and in
 // a joined error (a failure and its rollback) the first one's — or 999
-// (internal) when nothing carries one.
+// (internal) when nothing carries one. The runtime never sees code 0.
 func CNIError(err error) *types.Error {
 	if err == nil {
 		return nil
@@ -70,7 +70,9 @@ func innermostCode(err error) (uint, bool) {
 	}
 	switch v := err.(type) {
 	case *types.Error:
-		return v.Code, true
+		// Code 0 is not a code: libcni gives it to a delegated plugin
+		// that died, printed non-JSON or exited without a word.
+		return v.Code, v.Code != 0
 	case *stepError:
 		return v.code, v.code != 0
 	}

@@ -2,9 +2,7 @@ package plugin
 
 import (
 	"bytes"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,7 +23,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov/sriovtest"
 )
 
 func TestMain(m *testing.M) {
@@ -36,9 +37,7 @@ func TestMain(m *testing.M) {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and veth links standing in for VFs")
-	}
+	testnet.RequireRoot(t, "creates network namespaces and veth links standing in for VFs")
 }
 
 func fixtureRoot(name string) string {
@@ -56,7 +55,7 @@ func fixtureRoot(name string) string {
 type env struct {
 	t        *testing.T
 	p        *Plugin
-	pf       *fakePF
+	pf       *sriovtest.PFLink
 	rdma     *fakeRDMA
 	cniPath  string
 	stateDir string
@@ -66,14 +65,14 @@ type env struct {
 
 func newEnv(t *testing.T, fixture string) *env {
 	requireRoot(t)
-	e := &env{t: t, pf: newFakePF(), rdma: newFakeRDMA(RDMAModeExclusive)}
+	e := &env{t: t, pf: sriovtest.NewPFLink(), rdma: newFakeRDMA(RDMAModeExclusive)}
 	e.cniPath = testbin.Build(t, testbin.HostLocal, testbin.Static)
 	dir := t.TempDir()
 	e.stateDir, e.ipamDir = filepath.Join(dir, "state"), filepath.Join(dir, "ipam")
 	e.p = &Plugin{
-		HostRoot: fixtureRoot(fixture),
-		NewPF:    func(*netlink.Handle) PF { return e.pf },
-		RDMA:     e.rdma,
+		HostRoot:  fixtureRoot(fixture),
+		NewPFLink: func(*netlink.Handle) sriov.PFLink { return e.pf },
+		RDMA:      e.rdma,
 		NewPodResources: func(string) PodResources {
 			t.Fatal("PodResources asked though the conf has a deviceID")
 			return nil
@@ -88,41 +87,23 @@ func newEnv(t *testing.T, fixture string) *env {
 	return e
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+func (e *env) store() *Store {
+	s, err := NewStore(e.stateDir, nil)
+	require.NoError(e.t, err)
+	return s
 }
 
-// standIn creates a veth named as a fixture VF netdev, up, with a known
-// MAC and MTU; the peer stays on the host.
+// standIn creates a veth named as a fixture VF netdev (testnet.StandIn).
 func (e *env) standIn(name string) netlink.Link {
 	e.t.Helper()
-	mac, _ := net.ParseMAC("0a:00:00:" + randHex(1) + ":" + randHex(1) + ":" + randHex(1))
-	peer := "fp" + randHex(4)
-	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac, MTU: 1500}, PeerName: peer}
-	require.NoError(e.t, netlink.LinkAdd(v))
-	e.t.Cleanup(func() {
-		if l, err := netlink.LinkByName(peer); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-	l, err := netlink.LinkByName(name)
-	require.NoError(e.t, err)
-	require.NoError(e.t, netlink.LinkSetUp(l))
-	l, err = netlink.LinkByName(name)
-	require.NoError(e.t, err)
-	return l
+	return testnet.StandIn(e.t, nil, name)
 }
 
 // pod creates a named network namespace and returns its path.
 func (e *env) pod() string {
 	e.t.Helper()
-	name := "fp-test-" + randHex(4)
-	out, err := exec.Command("ip", "netns", "add", name).CombinedOutput()
-	require.NoError(e.t, err, "%s", out)
-	e.t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	return "/var/run/netns/" + name
+	_, path := testnet.Netns(e.t, "fp-test-")
+	return path
 }
 
 func (e *env) args(conf, netnsPath, cid, ifName string) *skel.CmdArgs {
@@ -259,7 +240,7 @@ func TestAddCheckDelRoCE(t *testing.T) {
 	require.True(t, ok, "mlx5_2 in the pod netns")
 
 	// State: versioned, 0600, phase added.
-	st, err := (&Store{dir: e.stateDir}).Load("0000:3b:00.2")
+	st, err := e.store().Load("0000:3b:00.2")
 	require.NoError(t, err)
 	require.Equal(t, PhaseAdded, st.Phase)
 	require.Equal(t, "ens1f0v0", st.HostName)
@@ -282,7 +263,7 @@ func TestAddCheckDelRoCE(t *testing.T) {
 	require.Contains(t, err.Error(), "0000:3b:00.2")
 	require.Contains(t, err.Error(), "container c1")
 
-	e.pf.calls = nil
+	e.pf.ResetCalls()
 	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
 	e.requireRestored(orig, "0000:3b:00.2")
 	require.Equal(t, []string{
@@ -291,7 +272,7 @@ func TestAddCheckDelRoCE(t *testing.T) {
 		"SetVFMAC ens1f0np0 0 00:00:00:00:00:00",
 		"SetVFVlan ens1f0np0 0 0 0 0x8100",
 	}, e.pf.Calls())
-	require.Equal(t, VFConfig{MAC: "00:00:00:00:00:00", SpoofChk: true, Proto: VlanProto8021Q}, e.pf.Get("ens1f0np0", 0))
+	require.Equal(t, sriovtest.Unconfigured, e.pf.Get("ens1f0np0", 0))
 	require.True(t, e.rdma.InHost("mlx5_2"))
 	require.Empty(t, e.ipamLeases(), "address released")
 	_, err = os.Stat(filepath.Join(e.stateDir, "..", "devinfo", "x.json"))
@@ -300,10 +281,21 @@ func TestAddCheckDelRoCE(t *testing.T) {
 	require.Error(t, err)
 
 	// DEL again is a no-op.
-	e.pf.calls = nil
+	e.pf.ResetCalls()
 	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
 	require.Empty(t, e.pf.Calls())
 	e.requireRestored(orig, "0000:3b:00.2")
+}
+
+// pfChanges are the calls that changed a VF setting (reads left out).
+func pfChanges(pf *sriovtest.PFLink) []string {
+	var set []string
+	for _, c := range pf.Calls() {
+		if strings.HasPrefix(c, "Set") {
+			set = append(set, c)
+		}
+	}
+	return set
 }
 
 func mustOpen(t *testing.T, path string) *netns.NS {
@@ -353,7 +345,7 @@ func TestAddRollsBack(t *testing.T) {
 		want   string
 	}{
 		{"PF refuses trust", `"trust":"on","spoofchk":"off","vlan":7`,
-			func(e *env, _ string) { e.pf.failOn["SetVFTrust"] = errors.New("operation not supported") },
+			func(e *env, _ string) { e.pf.FailNext("SetVFTrust", errors.New("operation not supported")) },
 			"VF settings on PF ens1f0np0: set trust: operation not supported"},
 		{"pod already has net1", `"vlan":7`,
 			func(e *env, podNS string) {
@@ -384,7 +376,7 @@ func TestAddRollsBack(t *testing.T) {
 			require.Contains(t, err.Error(), tc.want)
 			require.Contains(t, err.Error(), "VF 0000:3b:00.2")
 			e.requireRestored(orig, "0000:3b:00.2")
-			require.Equal(t, VFConfig{MAC: "00:00:00:00:00:00", SpoofChk: true, Proto: VlanProto8021Q}, e.pf.Get("ens1f0np0", 0))
+			require.Equal(t, sriovtest.Unconfigured, e.pf.Get("ens1f0np0", 0))
 			require.True(t, e.rdma.InHost("mlx5_2"))
 			require.Empty(t, e.ipamLeases(), "no address leaked")
 			// The runtime's DEL after a failed ADD is fine too.
@@ -423,7 +415,7 @@ func TestRDMAModes(t *testing.T) {
 			e.rdma.mode, e.rdma.modeErr = tc.mode, tc.modeErr
 			_, err := e.add(e.conf(`"deviceID":"0000:3b:00.3","rdmaIsolation":true,"vlan":3`), podNS, "c1", "net1")
 			require.ErrorContains(t, err, tc.want)
-			require.Empty(t, e.pf.Calls(), "refused before anything changed")
+			require.Empty(t, pfChanges(e.pf), "refused before anything changed")
 			e.requireRestored(orig, "0000:3b:00.3")
 		})
 	}
@@ -490,7 +482,7 @@ func TestConfAgainstDevice(t *testing.T) {
 		require.ErrorContains(t, err, tc.want)
 		require.Equal(t, types.ErrInvalidNetworkConfig, CNIError(err).Code, "%v", err)
 	}
-	require.Empty(t, e.pf.Calls())
+	require.Empty(t, pfChanges(e.pf), "refused before anything changed")
 	e.requireRestored(orig, "0000:dc:00.2")
 
 	// An InfiniBand GUID goes to the PF; DEL puts the sysfs node_guid back.
@@ -558,7 +550,7 @@ func TestStatus(t *testing.T) {
 func TestAddAnnouncesAddresses(t *testing.T) {
 	e := newEnv(t, "roce-cx6dx")
 	e.standIn("ens1f1v2")
-	peer := e.peerOf("ens1f1v2")
+	peer := testnet.PeerOf(t, nil, "ens1f1v2")
 	require.NoError(t, netlink.LinkSetUp(peer))
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
 	require.NoError(t, err)
@@ -604,25 +596,13 @@ func TestAddAnnouncesAddresses(t *testing.T) {
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
-// peerOf is the host-side peer of a stand-in created by standIn.
-func (e *env) peerOf(name string) netlink.Link {
-	e.t.Helper()
-	l, err := netlink.LinkByName(name)
-	require.NoError(e.t, err)
-	peerIdx, err := netlink.VethPeerIndex(l.(*netlink.Veth))
-	require.NoError(e.t, err)
-	p, err := netlink.LinkByIndex(peerIdx)
-	require.NoError(e.t, err)
-	return p
-}
-
 // State written before the node rebooted does not hold a VF hostage.
 func TestAddDropsStateFromEarlierBoot(t *testing.T) {
 	e := newEnv(t, "roce-cx6dx")
 	orig := e.standIn("ens1f1v3")
-	store, err := NewStore(e.stateDir)
+	store, err := NewStore(e.stateDir, nil)
 	require.NoError(t, err)
-	require.NoError(t, store.Save(&State{BootID: "a-boot-long-ago", Network: "rdma-net", ContainerID: "before-reboot",
+	require.NoError(t, store.Save(&State{Phase: PhaseAdded, BootID: "a-boot-long-ago", Network: "rdma-net", ContainerID: "before-reboot",
 		IfName: "net1", PCIAddress: "0000:3b:01.5", HostName: "ens1f1v3"}))
 	podNS := e.pod()
 	conf := e.conf(`"deviceID":"0000:3b:01.5"`)
@@ -650,12 +630,12 @@ func TestFailedRollbackIsFinishedByDel(t *testing.T) {
 	podNS := e.pod()
 	conf := e.conf(`"deviceID":"0000:3b:00.3","vlan":42`)
 	e.rdma.failMove = errors.New("device busy")
-	e.pf.failCall["SetVFVlan"] = 2 // the rollback's restore
+	e.pf.FailCall("SetVFVlan", 2) // the rollback's restore
 	_, err := e.add(conf, podNS, "c1", "net1")
 	require.ErrorContains(t, err, "move RDMA device mlx5_3 into the pod: device busy")
 	require.ErrorContains(t, err, "rollback")
 	require.Contains(t, e.log.String(), "state kept for DEL")
-	st, err := (&Store{dir: e.stateDir}).Load("0000:3b:00.3")
+	st, err := e.store().Load("0000:3b:00.3")
 	require.NoError(t, err)
 	require.Equal(t, PhaseAdding, st.Phase)
 	require.Equal(t, 42, e.pf.Get("ens1f0np0", 1).Vlan, "not restored yet")

@@ -2,34 +2,42 @@ package plugin
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
-	"syscall"
-	"time"
 
-	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
+	"github.com/fastpath-k8s/fastpath/internal/ifname"
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
-// StateVersion is the version of the state file format. A file of another
-// version is refused, never guessed at.
-const StateVersion = 1
+// StateVersion is the major version of the state file format this plugin
+// writes. The rule: a plugin reads every major from 1 up to its own,
+// upgrading an older one as it loads it (see upgrade), so a node's running
+// attachments survive a plugin upgrade; a file of a major it does not know
+// — a newer plugin's, after a downgrade — is set aside like any other file
+// it cannot trust, never guessed at. Fields added with omitempty, which an
+// older plugin of the same major ignores, do not change the major.
+//
+// 1: LinkMoved and RDMAMoved were saved once the step was done.
+// 2: every step is journaled before it starts (write-ahead): LinkMoved,
+// RDMAMoved, VFApplied, IPAMAdded and DeviceInfoFile are intents.
+const StateVersion = 2
+
+// Phase is how far ADD got.
+type Phase string
 
 // Phases of an attachment.
 const (
-	PhaseAdding = "adding" // ADD is changing the node; a crash leaves this
-	PhaseAdded  = "added"
+	PhaseAdding Phase = "adding" // ADD is changing the node; a crash leaves this
+	PhaseAdded  Phase = "added"
 )
 
-// State is what ADD did to one VF, so that DEL can undo it even when the
-// pod's netns is gone and the conf is all DEL has.
+// State is what ADD did, or began, to one VF, so that DEL can undo it even
+// when the pod's netns is gone and the conf is all DEL has.
 type State struct {
-	Version int    `json:"version"`
-	Phase   string `json:"phase"`
+	Version int   `json:"version"`
+	Phase   Phase `json:"phase"`
 	// BootID is the kernel's boot_id when ADD ran: state from an earlier
 	// boot describes VFs and namespaces that the reboot reset.
 	BootID      string `json:"bootID,omitempty"`
@@ -53,19 +61,29 @@ type State struct {
 	HostUp    bool   `json:"hostUp,omitempty"`
 	PodMAC    string `json:"podMAC,omitempty"`
 	PodMTU    int    `json:"podMTU,omitempty"`
-	// LinkMoved is set once the netdev has left the host netns.
+
+	// The journal. ADD sets each of these, and saves the state, before
+	// the step it names begins; teardown undoes every step that may have
+	// happened, and each undo is idempotent.
+
+	// VFOrig is the VF's settings on the PF before ADD; VFApplied the
+	// settings ADD began to change, in order.
+	VFOrig    *sriov.VFConfig `json:"vfOrig,omitempty"`
+	VFApplied []sriov.Setting `json:"vfApplied,omitempty"`
+	// LinkMoved: the netdev's move into the pod began.
 	LinkMoved bool `json:"linkMoved,omitempty"`
-
-	// VF settings on the PF: the originals, and the steps ADD applied.
-	VFOrig    *VFConfig `json:"vfOrig,omitempty"`
-	VFApplied []string  `json:"vfApplied,omitempty"`
-
+	// RDMADevice moves with the netdev (exclusive RDMA netns mode);
+	// RDMAMoved: its move began.
 	RDMADevice string `json:"rdmaDevice,omitempty"`
 	RDMAMoved  bool   `json:"rdmaMoved,omitempty"`
+	// IPAMAdded: the IPAM plugin's ADD was started.
+	IPAMType  string `json:"ipamType,omitempty"`
+	IPAMAdded bool   `json:"ipamAdded,omitempty"`
+	// DeviceInfoFile is the device-info file ADD began to write; only
+	// that one is removed, and only while it still names this VF.
+	DeviceInfoFile string `json:"deviceInfoFile,omitempty"`
 
-	IPAMType       string          `json:"ipamType,omitempty"`
-	Result         json.RawMessage `json:"result,omitempty"`
-	DeviceInfoFile string          `json:"deviceInfoFile,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
 
 	// DelAttempts counts DELs that failed to restore something.
 	DelAttempts int `json:"delAttempts,omitempty"`
@@ -103,151 +121,71 @@ func (s *State) owner() string {
 	return fmt.Sprintf("container %s interface %s (network %q)", s.ContainerID, s.IfName, s.Network)
 }
 
-// Store keeps state files and per-VF locks in a directory:
-// <dir>/<pci>.json (0600) and <dir>/<pci>.lock.
-type Store struct {
-	dir string
+// is reports whether st is the attachment (containerID, ifName) of network.
+func (s *State) is(network, containerID, ifName string) bool {
+	return s.Network == network && s.ContainerID == containerID && s.IfName == ifName
 }
 
-// NewStore creates dir (0700) when needed.
-func NewStore(dir string) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("state dir %s: %w", dir, err)
-	}
-	return &Store{dir: dir}, nil
-}
-
-func (s *Store) path(vf string) string { return filepath.Join(s.dir, vf+".json") }
-
-// Load reads the state of vf; fs.ErrNotExist when there is none.
-func (s *Store) Load(vf string) (*State, error) {
-	data, err := os.ReadFile(s.path(vf))
-	if err != nil {
-		return nil, err
-	}
+// decodeState parses a state file of vf and upgrades it to StateVersion.
+// Every error means the file cannot be trusted (ErrBadState).
+func decodeState(vf string, data []byte) (*State, error) {
 	st := &State{}
 	if err := json.Unmarshal(data, st); err != nil {
-		return nil, fmt.Errorf("state %s: %w", s.path(vf), err)
+		return nil, fmt.Errorf("%w: %v", ErrBadState, err)
 	}
-	if st.Version != StateVersion {
-		return nil, fmt.Errorf("state %s: version %d, this plugin reads version %d", s.path(vf), st.Version, StateVersion)
+	if st.Version < 1 || st.Version > StateVersion {
+		return nil, fmt.Errorf("%w: version %d, this plugin reads versions 1 to %d", ErrBadState, st.Version, StateVersion)
+	}
+	upgrade(st)
+	if err := st.valid(vf); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadState, err)
 	}
 	return st, nil
 }
 
-// Save writes st atomically, mode 0600.
-func (s *Store) Save(st *State) error {
+// upgrade turns a state an older plugin wrote into this version's meaning.
+func upgrade(st *State) {
+	if st.Version == 1 {
+		// Version 1 released every IPAM allocation on DEL, and saved
+		// LinkMoved and RDMAMoved only once done: a state ADD left
+		// half-way may have begun either.
+		st.IPAMAdded = st.IPAMType != ""
+		if st.Phase == PhaseAdding {
+			st.LinkMoved = !st.VFIO && st.HostName != ""
+			st.RDMAMoved = st.RDMADevice != ""
+		}
+	}
 	st.Version = StateVersion
-	data, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return err
+}
+
+// valid checks what teardown relies on, so that a state that parses but
+// names something else is not acted on.
+func (s *State) valid(vf string) error {
+	switch {
+	case s.PCIAddress != vf:
+		return fmt.Errorf("pciAddress %q in the state of %s", s.PCIAddress, vf)
+	case s.Phase != PhaseAdding && s.Phase != PhaseAdded:
+		return fmt.Errorf("phase %q", s.Phase)
+	case s.ContainerID == "" || s.Network == "":
+		return fmt.Errorf("no containerID or network")
+	case ifname.Check(s.IfName) != nil:
+		return fmt.Errorf("ifName: %v", ifname.Check(s.IfName))
+	case s.PFAddress != "" && !pci.ValidAddress(s.PFAddress):
+		return fmt.Errorf("pfAddress %q", s.PFAddress)
+	case s.HostName != "" && ifname.Check(s.HostName) != nil:
+		return fmt.Errorf("hostName: %v", ifname.Check(s.HostName))
+	case s.PFNetdev != "" && ifname.Check(s.PFNetdev) != nil:
+		return fmt.Errorf("pfNetdev: %v", ifname.Check(s.PFNetdev))
+	case len(s.VFApplied) > 0 && s.VFOrig == nil:
+		return fmt.Errorf("vfApplied without vfOrig")
 	}
-	if err := atomicfile.Write(s.path(st.PCIAddress), data, 0o600); err != nil {
-		return fmt.Errorf("state: %w", err)
+	for _, a := range s.VFApplied {
+		if !a.Known() {
+			return fmt.Errorf("vfApplied: unknown VF setting %q", a)
+		}
+	}
+	if s.DeviceInfoFile != "" && !strings.HasPrefix(s.DeviceInfoFile, "/") {
+		return fmt.Errorf("deviceInfoFile %q is not absolute", s.DeviceInfoFile)
 	}
 	return nil
-}
-
-// Remove deletes the state of vf.
-func (s *Store) Remove(vf string) error {
-	if err := os.Remove(s.path(vf)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("state: %w", err)
-	}
-	return nil
-}
-
-// List returns the VFs that have a state file, sorted.
-func (s *Store) List() ([]string, error) {
-	ents, err := os.ReadDir(s.dir)
-	if err != nil {
-		return nil, fmt.Errorf("state dir %s: %w", s.dir, err)
-	}
-	var vfs []string
-	for _, e := range ents {
-		name := e.Name()
-		if strings.HasPrefix(name, ".") || !strings.HasSuffix(name, ".json") {
-			continue
-		}
-		vfs = append(vfs, strings.TrimSuffix(name, ".json"))
-	}
-	sort.Strings(vfs)
-	return vfs, nil
-}
-
-// Find returns the state of the attachment (containerID, ifName) of
-// network, if there is one.
-func (s *Store) Find(network, containerID, ifName string) (*State, error) {
-	vfs, err := s.List()
-	if err != nil {
-		return nil, err
-	}
-	for _, vf := range vfs {
-		st, err := s.Load(vf)
-		if err != nil {
-			continue // gone meanwhile, or not ours to judge here
-		}
-		if st.Network == network && st.ContainerID == containerID && st.IfName == ifName {
-			return st, nil
-		}
-	}
-	return nil, fs.ErrNotExist
-}
-
-// LockTimeout bounds the wait for a VF's lock.
-const LockTimeout = 30 * time.Second
-
-// Lock is a held per-VF lock.
-type Lock struct {
-	f    *os.File
-	path string
-}
-
-// Lock takes the exclusive lock of vf, waiting up to timeout.
-func (s *Store) Lock(vf string, timeout time.Duration) (*Lock, error) {
-	path := filepath.Join(s.dir, vf+".lock")
-	deadline := time.Now().Add(timeout)
-	for {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		for {
-			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-			if err == nil || !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		if err != nil {
-			f.Close()
-			if errors.Is(err, syscall.EWOULDBLOCK) {
-				return nil, fmt.Errorf("lock %s: still held by another CNI call after %v", path, timeout)
-			}
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		// Unlock removes the file: the lock is ours only if the path
-		// still names the file we locked.
-		if same(f, path) {
-			return &Lock{f: f, path: path}, nil
-		}
-		f.Close()
-	}
-}
-
-func same(f *os.File, path string) bool {
-	a, err := f.Stat()
-	if err != nil {
-		return false
-	}
-	b, err := os.Stat(path)
-	return err == nil && os.SameFile(a, b)
-}
-
-// Unlock releases the lock; remove also deletes the lock file (after the
-// attachment is gone).
-func (l *Lock) Unlock(remove bool) {
-	if remove {
-		_ = os.Remove(l.path)
-	}
-	_ = l.f.Close()
 }

@@ -1,0 +1,401 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/vishvananda/netlink"
+
+	"github.com/fastpath-k8s/fastpath/internal/ifname"
+	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+)
+
+// Add attaches a VF to the pod: claim a VF (lock), gather what the node
+// says, plan (plan.go), journal the plan, apply it step by step.
+func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
+	ctx := context.Background()
+	c, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := p.logger(c, args)
+	defer closeLog()
+	if err := ifname.Check(args.IfName); err != nil {
+		return invalidEnv("CNI_IFNAME: %v", err)
+	}
+	if err := refuseHostNetns(args.Netns); err != nil {
+		return err
+	}
+	cands, err := p.candidates(ctx, c, args)
+	if err != nil {
+		return err
+	}
+	store, err := NewStore(c.StateDir, log)
+	if err != nil {
+		return fail(types.ErrIOFailure, "", "open state", err)
+	}
+	lock, vf, err := p.claim(log, store, cands, c.Name, args)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err == nil {
+			lock.Unlock(false)
+			return
+		}
+		// A failed ADD that left no state leaves no lock file either.
+		_, serr := store.Load(vf)
+		lock.Unlock(errors.Is(serr, fs.ErrNotExist))
+	}()
+	p.point("add:locked")
+	log = log.With("vf", vf)
+
+	result, err := p.add(ctx, log, c, args, store, lock, vf)
+	if err != nil {
+		return err
+	}
+	out, err := result.GetAsVersion(c.CNIVersion)
+	if err != nil {
+		return fail(types.ErrIncompatibleCNIVersion, vf, "convert result", err)
+	}
+	return out.PrintTo(p.Stdout)
+}
+
+// refuseHostNetns refuses a CNI_NETNS that is the plugin's own netns (the
+// host's, e.g. /proc/self/ns/net) before anything changes: the VF would be
+// renamed and reconfigured on the host.
+func refuseHostNetns(path string) error {
+	same, err := netns.IsCurrent(path)
+	if err != nil {
+		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS: %v", err), "")
+	}
+	if same {
+		return types.NewError(types.ErrInvalidNetNS,
+			fmt.Sprintf("CNI_NETNS %s is the plugin's own network namespace (the host's); a VF is only attached to a pod's", path), "")
+	}
+	return nil
+}
+
+// candidates are the VFs this attachment may use: the one the conf names,
+// or those of resourceName that the kubelet gave the pod.
+func (p *Plugin) candidates(ctx context.Context, c *NetConf, args *skel.CmdArgs) ([]string, error) {
+	if id := c.deviceID(); id != "" {
+		return []string{id}, nil
+	}
+	if c.ResourceName == "" {
+		return nil, invalidConf("no deviceID: Multus passes the VF the device plugin allocated; without Multus, set resourceName so the plugin asks the kubelet which VF the pod holds")
+	}
+	var ka k8sArgs
+	if err := types.LoadArgs(args.Args, &ka); err != nil {
+		return nil, invalidEnv("CNI_ARGS: %v", err)
+	}
+	ns, pod := string(ka.K8S_POD_NAMESPACE), string(ka.K8S_POD_NAME)
+	if ns == "" || pod == "" {
+		return nil, invalidEnv("resourceName needs K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS to find the pod's VF")
+	}
+	ids, err := p.NewPodResources(c.PodResourcesSocket).Devices(ctx, ns, pod, c.ResourceName)
+	if err != nil {
+		return nil, fmt.Errorf("ask the kubelet for pod %s/%s's %s: %w", ns, pod, c.ResourceName, err)
+	}
+	if len(ids) == 0 {
+		return nil, invalidConf("pod %s/%s holds no %s device: request it in the pod's resources (limits: {%s: 1})", ns, pod, c.ResourceName, c.ResourceName)
+	}
+	for _, id := range ids {
+		if !pci.ValidAddress(id) {
+			return nil, invalidConf("kubelet says pod %s/%s holds %s device %q, which is not a PCI address", ns, pod, c.ResourceName, id)
+		}
+	}
+	return ids, nil
+}
+
+// claim locks the first candidate not attached elsewhere, and clears what
+// an earlier boot or a killed call left on it.
+func (p *Plugin) claim(log *slog.Logger, store *Store, cands []string, network string, args *skel.CmdArgs) (*Lock, string, error) {
+	var busy []string
+	boot := BootID()
+	for _, id := range cands {
+		l, err := store.Lock(id, LockTimeout)
+		if err != nil {
+			return nil, "", fail(types.ErrTryAgainLater, id, "lock", err)
+		}
+		st, lerr := store.Load(id)
+		switch judge(st, lerr, network, args.ContainerID, args.IfName, boot) {
+		case vfStale:
+			// The reboot reset the VF and took the pod's netns along.
+			log.Info("state from before the last boot dropped", "vf", id, "attachment", st.owner())
+			if err := store.Remove(id); err != nil {
+				l.Unlock(false)
+				return nil, "", fail(types.ErrIOFailure, id, "drop stale state", err)
+			}
+		case vfBadState:
+			// Whose it was cannot be told; if the VF is still attached,
+			// the netdev is not in the host netns and ADD stops there.
+			to, err := store.SetAside(id)
+			if err != nil {
+				l.Unlock(false)
+				return nil, "", fail(types.ErrIOFailure, id, "set aside a bad state", err)
+			}
+			log.Warn("state file could not be trusted; set aside", "vf", id, "err", lerr, "to", to)
+		case vfUnreadable:
+			l.Unlock(false)
+			return nil, "", fail(types.ErrIOFailure, id, "read state", lerr)
+		case vfOwn:
+			l.Unlock(false)
+			return nil, "", fail(types.ErrInternal, id, "add", fmt.Errorf("already attached as %s; DEL it first", st.owner()))
+		case vfBusy:
+			l.Unlock(false)
+			busy = append(busy, fmt.Sprintf("%s (%s)", id, st.owner()))
+			continue
+		}
+		if err := store.clearLeftovers(id); err != nil {
+			log.Warn("leftovers of an earlier call", "vf", id, "err", err)
+		}
+		return l, id, nil
+	}
+	return nil, "", fail(types.ErrTryAgainLater, strings.Join(cands, ","), "add", fmt.Errorf("%w: attached to %s", ErrBusy, strings.Join(busy, ", ")))
+}
+
+// gather reads what planAdd needs: the VF in sysfs, the RDMA netns mode,
+// its netdev in the host netns, its settings on the PF. It changes nothing.
+func (p *Plugin) gather(c *NetConf, vf string, host *netns.NS, pfl sriov.PFLink) *addFacts {
+	f := &addFacts{VF: vf, HostRoot: p.HostRoot, BootID: BootID()}
+	f.Device, f.DeviceErr = nic.NewScanner(p.HostRoot).Device(vf)
+	if f.DeviceErr != nil || !f.Device.IsVF() {
+		return f
+	}
+	d := &f.Device
+	if !d.IsVFIO() && d.RDMADevice != "" {
+		f.RDMAMode, f.RDMAModeErr = p.RDMA.NetnsMode()
+	}
+	if !d.IsVFIO() && d.Netdev != "" {
+		if l, err := host.Handle().LinkByName(d.Netdev); err == nil {
+			a := *l.Attrs()
+			f.HostLink = &a
+		} else {
+			f.HostLinkErr = err
+		}
+	}
+	if c.vf.Any() && d.PFNetdev != "" {
+		orig, err := pfl.VF(d.PFNetdev, d.VFIndex)
+		if err == nil {
+			f.VFOrig = &orig
+		}
+		f.VFOrigErr = err
+	}
+	if c.vf.GUID != nil {
+		f.GUID = p.vfGUID(d)
+	}
+	return f
+}
+
+// vfGUID reads the VF's current GUID from its RDMA device's node_guid.
+func (p *Plugin) vfGUID(d *nic.Device) string {
+	if d.RDMADevice == "" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(p.HostRoot, "sys/bus/pci/devices", d.PCIAddress, "infiniband", d.RDMADevice, "node_guid"))
+	if err != nil {
+		return ""
+	}
+	// node_guid is "0011:2233:4455:6677"; ParseMAC wants octets.
+	hex := strings.ReplaceAll(strings.TrimSpace(string(b)), ":", "")
+	if len(hex) != 16 {
+		return ""
+	}
+	var parts []string
+	for i := 0; i < 16; i += 2 {
+		parts = append(parts, hex[i:i+2])
+	}
+	return strings.Join(parts, ":")
+}
+
+// add does the attachment with vf's lock held: plan, journal, apply; on a
+// failure, the journal's teardown.
+func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, store *Store, lock *Lock, vf string) (_ *current.Result, err error) {
+	host, err := netns.Current()
+	if err != nil {
+		return nil, fail(0, vf, "open host netns", err)
+	}
+	defer host.Close()
+	pfl := p.NewPFLink(host.Handle())
+	plan, err := planAdd(c, args, p.gather(c, vf, host, pfl))
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range plan.Notes {
+		log.Log(ctx, n.level, n.msg, n.args...)
+	}
+	var pod *netns.NS
+	if !plan.State.VFIO {
+		if pod, err = netns.Open(args.Netns); err != nil {
+			return nil, fail(types.ErrInvalidNetNS, vf, "open pod netns", err)
+		}
+		defer pod.Close()
+	}
+
+	// The journal: from here on, every change is undone from j.st.
+	j := &journal{store: store, st: plan.State, point: p.failpoint}
+	if err := j.begin(); err != nil {
+		return nil, fail(types.ErrIOFailure, vf, "write state", err)
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		if terr := p.teardown(ctx, log, store, j.st, host, args, lock); terr != nil {
+			// The state stays: the DEL the runtime sends after a failed
+			// ADD tries the restore again.
+			log.Error("rollback incomplete; state kept for DEL", "err", terr)
+			err = errors.Join(err, fmt.Errorf("rollback: %w", terr))
+			return
+		}
+		if rerr := store.Remove(vf); rerr != nil {
+			log.Error("remove state", "err", rerr)
+		}
+	}()
+	return p.apply(ctx, log, c, args, j, plan, host, pod, pfl, lock)
+}
+
+// journalErr is a failure to record a step before it runs.
+func journalErr(vf string, err error) error {
+	return fail(types.ErrIOFailure, vf, "write state", err)
+}
+
+// apply runs the plan's steps, each journaled before it begins.
+func (p *Plugin) apply(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, j *journal, plan *addPlan,
+	host, pod *netns.NS, pfl sriov.PFLink, lock *Lock) (*current.Result, error) {
+	st, vf, dev := j.st, j.st.PCIAddress, &plan.Device
+	for _, s := range plan.Settings {
+		if err := j.intend("vf:"+string(s), func(st *State) { st.VFApplied = append(st.VFApplied, s) }); err != nil {
+			return nil, journalErr(vf, err)
+		}
+		if err := sriov.Apply(pfl, st.PFNetdev, st.VFIndex, s, &c.vf, st.VFOrig); err != nil {
+			// The PF refused it: nothing of this setting to restore.
+			st.VFApplied = st.VFApplied[:len(st.VFApplied)-1]
+			return nil, fail(0, vf, "VF settings on PF "+st.PFNetdev, fmt.Errorf("set %s: %w", s, err))
+		}
+	}
+	if len(plan.Settings) > 0 {
+		log.Debug("VF settings applied", "pf", st.PFNetdev, "settings", st.VFApplied)
+	}
+
+	res := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	if !st.VFIO {
+		if err := p.attachLink(log, c, j, host, pod, args); err != nil {
+			return nil, err
+		}
+		res.Interfaces = []*current.Interface{{Name: args.IfName, Mac: st.PodMACOrActual(), Mtu: st.PodMTU, Sandbox: args.Netns, PciID: vf}}
+	} else {
+		res.Interfaces = []*current.Interface{{Name: args.IfName, Sandbox: args.Netns, PciID: vf}}
+	}
+
+	if c.IPAM.Type != "" {
+		if err := j.intend("ipam", func(st *State) { st.IPAMAdded = true }); err != nil {
+			return nil, journalErr(vf, err)
+		}
+		if err := p.ipamAdd(ctx, c, args, res, st.VFIO, lock); err != nil {
+			return nil, fail(0, vf, "IPAM "+c.IPAM.Type+" ADD", err)
+		}
+		if !st.VFIO {
+			if err := pod.Do(func() error {
+				if err := announceOnUp(args.IfName); err != nil {
+					log.Warn("no neighbour announcements; peers learn the address on first contact", "err", err)
+				}
+				return ipam.ConfigureIface(args.IfName, res)
+			}); err != nil {
+				return nil, fail(0, vf, "configure addresses and routes", err)
+			}
+		}
+	} else if !st.VFIO {
+		if err := pod.Do(func() error {
+			l, err := netlink.LinkByName(args.IfName)
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetUp(l)
+		}); err != nil {
+			return nil, fail(0, vf, "set "+args.IfName+" up", err)
+		}
+	}
+	if c.DNS.Nameservers != nil || c.DNS.Domain != "" || c.DNS.Search != nil || c.DNS.Options != nil {
+		res.DNS = c.DNS
+	}
+
+	if path := c.RuntimeConfig.CNIDeviceInfoFile; path != "" {
+		if err := j.intend("devinfo", func(st *State) { st.DeviceInfoFile = path }); err != nil {
+			return nil, journalErr(vf, err)
+		}
+		err := os.MkdirAll(filepath.Dir(path), 0o755)
+		if err == nil {
+			err = devinfo.Write(path, devinfo.NewPCI(vf, dev.RDMADevice, dev.PFAddress), 0o444)
+		}
+		if err != nil {
+			return nil, fail(types.ErrIOFailure, vf, "write device-info file", err)
+		}
+	}
+
+	var err error
+	if st.Result, err = res.MarshalJSON(); err == nil {
+		err = j.done()
+	}
+	if err != nil {
+		return nil, fail(types.ErrIOFailure, vf, "write state", err)
+	}
+	log.Info("attached", "netdev", st.HostName, "rdma", dev.RDMADevice, "rdmaMoved", st.RDMAMoved, "netns", args.Netns)
+	return res, nil
+}
+
+// attachLink moves the VF netdev (and its RDMA device) into the pod,
+// through a temporary netns pinned beside the state, so that a kill
+// mid-move leaves the netdev where teardown finds it.
+func (p *Plugin) attachLink(log *slog.Logger, c *NetConf, j *journal, host, pod *netns.NS, args *skel.CmdArgs) error {
+	st := j.st
+	if err := j.intend("link", func(st *State) { st.LinkMoved = true }); err != nil {
+		return journalErr(st.PCIAddress, err)
+	}
+	alias := st.HostName
+	cfg := netns.LinkConfig{Name: args.IfName, Alias: &alias}
+	if c.MTU != nil {
+		cfg.MTU = *c.MTU
+	}
+	if c.vf.MAC != nil {
+		cfg.MAC = c.vf.MAC
+	}
+	viaPath := j.store.netnsPath(st.PCIAddress)
+	via, err := netns.Pin(viaPath)
+	if err != nil {
+		return fail(0, st.PCIAddress, "create the temporary netns", err)
+	}
+	_, err = netns.MoveVia(st.HostName, host, via, pod, cfg)
+	via.Close()
+	if uerr := unpinIfEmpty(viaPath); uerr != nil {
+		log.Warn("temporary netns kept for DEL", "err", uerr)
+	}
+	if err != nil {
+		return fail(0, st.PCIAddress, "move "+st.HostName+" into the pod as "+args.IfName, err)
+	}
+	if st.RDMADevice != "" {
+		if err := j.intend("rdma", func(st *State) { st.RDMAMoved = true }); err != nil {
+			return journalErr(st.PCIAddress, err)
+		}
+		if err := p.RDMA.Move(st.RDMADevice, host, pod); err != nil {
+			return fail(0, st.PCIAddress, "move RDMA device "+st.RDMADevice+" into the pod", err)
+		}
+	}
+	log.Debug("netdev moved", "from", st.HostName, "to", args.IfName)
+	return nil
+}

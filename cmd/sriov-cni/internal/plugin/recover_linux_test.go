@@ -1,0 +1,170 @@
+package plugin
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov/sriovtest"
+)
+
+// The real-kernel side of the journal: DEL finds the VF's netdev wherever a
+// kill or the pod left it, and ADD killed at any step boundary is undone.
+
+// A kill at every step boundary of an ADD that moves the netdev and its
+// RDMA device: the runtime's DEL leaves the host as it was.
+func TestKillAtEveryAddStepMovesBack(t *testing.T) {
+	points := []string{"add:locked", "add:journal", "add:vf:vlan", "add:vf:mac", "add:link", "add:rdma", "add:ipam", "add:devinfo", "add:added"}
+	for _, point := range points {
+		t.Run(point, func(t *testing.T) {
+			e := newEnv(t, "roce-cx6dx")
+			orig := e.standIn("ens1f0v0")
+			podNS := e.pod()
+			devinfo := filepath.Join(e.stateDir, "..", "devinfo", "c1.json")
+			conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"02:fa:57:00:00:01","mtu":4000,` +
+				`"runtimeConfig":{"CNIDeviceInfoFile":"` + devinfo + `"},` + e.hostLocal("10.86.0.0/24", ""))
+			hit := false
+			e.p.failpoint = func(at string) {
+				if at == point {
+					hit = true
+					panic(killed{at})
+				}
+			}
+			_, err := run(func() error { _, err := e.add(conf, podNS, "c1", "net1"); return err })
+			require.NoError(t, err)
+			require.True(t, hit, "reached %s", point)
+			e.p.failpoint = nil
+			require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+			e.requireRestored(orig, "0000:3b:00.2")
+			require.Equal(t, sriovtest.Unconfigured, e.pf.Get("ens1f0np0", 0))
+			require.True(t, e.rdma.InHost("mlx5_2"))
+			require.Empty(t, e.ipamLeases())
+			_, err = os.Stat(devinfo)
+			require.ErrorIs(t, err, os.ErrNotExist)
+			require.Empty(t, ls(t, e.stateDir))
+		})
+	}
+}
+
+// A kill mid-move leaves the netdev in the pinned temporary netns, under
+// its host name or its pod name: DEL brings it back from there.
+func TestDelFindsNetdevInTemporaryNetns(t *testing.T) {
+	for _, renamed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "host name", true: "pod name"}[renamed], func(t *testing.T) {
+			delFromTemporaryNetns(t, renamed)
+		})
+	}
+}
+
+func delFromTemporaryNetns(t *testing.T, renamed bool) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f0v1")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:00.3","mtu":4000`)
+	e.p.failpoint = func(at string) {
+		if at == "add:rdma" {
+			panic(killed{at})
+		}
+	}
+	_, err := run(func() error { _, err := e.add(conf, podNS, "c1", "net1"); return err })
+	require.NoError(t, err)
+	e.p.failpoint = nil
+	// Put the netdev where a kill inside the move leaves it.
+	pod := mustOpen(t, podNS)
+	via, err := netns.Pin(filepath.Join(e.stateDir, "0000:3b:00.3.netns"))
+	require.NoError(t, err)
+	l, err := pod.Handle().LinkByName("net1")
+	require.NoError(t, err)
+	require.NoError(t, pod.Handle().LinkSetNsFd(l, via.Fd()))
+	if !renamed {
+		l, err = via.Handle().LinkByName("net1")
+		require.NoError(t, err)
+		require.NoError(t, via.Handle().LinkSetName(l, "ens1f0v1"))
+	}
+	via.Close()
+
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(orig, "0000:3b:00.3")
+	require.Empty(t, ls(t, e.stateDir), "the pinned netns is gone")
+}
+
+// The pod renamed the VF's netdev: DEL finds it by the alias ADD set.
+func TestDelFindsRenamedNetdevInPod(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f0v2")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:00.4"`)
+	_, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	pod := mustOpen(t, podNS)
+	l, err := pod.Handle().LinkByName("net1")
+	require.NoError(t, err)
+	require.NoError(t, pod.Handle().LinkSetDown(l))
+	require.NoError(t, pod.Handle().LinkSetName(l, "rail0"))
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(orig, "0000:3b:00.4")
+}
+
+// The pod netns died and the kernel returned the VF to the host under a
+// name of its own (dev<ifindex>, when its pod name was taken): DEL finds
+// it by the alias ADD set.
+func TestDelFindsReturnedNetdevByAlias(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f0v3")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:00.5"`)
+	_, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	pod := mustOpen(t, podNS)
+	host, err := netns.Current()
+	require.NoError(t, err)
+	defer host.Close()
+	l, err := pod.Handle().LinkByName("net1")
+	require.NoError(t, err)
+	require.NoError(t, pod.Handle().LinkSetName(l, "dev4242"))
+	require.NoError(t, pod.Handle().LinkSetNsFd(l, host.Fd()))
+	e.rdma.where = map[string]string{}
+	_, err = netlink.LinkByName("dev4242")
+	require.NoError(t, err)
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(orig, "0000:3b:00.5")
+}
+
+// A state file destroyed while the VF is in the pod: DEL sets it aside and
+// brings the netdev back by what sysfs and the pod say (its name from the
+// alias); what only the state knew (MTU before ADD) stays as it is.
+func TestDelRecoversNetdevWithoutState(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	e.standIn("ens1f1v0")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:01.2",` + e.hostLocal("10.87.0.0/24", ""))
+	_, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	require.Len(t, e.ipamLeases(), 1)
+	require.NoError(t, os.WriteFile(filepath.Join(e.stateDir, "0000:3b:01.2.json"), []byte(`{"version":2,"phase":`), 0o600))
+
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	l, err := netlink.LinkByName("ens1f1v0")
+	require.NoError(t, err, "back on the host under its own name")
+	require.Empty(t, l.Attrs().Alias)
+	_, err = linkIn(t, podNS, "net1")
+	require.Error(t, err)
+	require.True(t, e.rdma.InHost("mlx5_6"))
+	require.Empty(t, e.ipamLeases())
+	require.Equal(t, []string{"0000:3b:01.2.json.bad"}, ls(t, e.stateDir))
+	require.Contains(t, e.log.String(), "set aside")
+}
+
+// The plugin's own netns as CNI_NETNS: refused, the VF untouched.
+func TestHostNetnsRefusedWithNetdev(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f1v1")
+	_, err := e.add(e.conf(`"deviceID":"0000:3b:01.3","vlan":5,"mtu":9000`), "/proc/self/ns/net", "c1", "net1")
+	require.Equal(t, uint(8), CNIError(err).Code)
+	require.Empty(t, e.pf.Calls())
+	e.requireRestored(orig, "0000:3b:01.3")
+}

@@ -1,0 +1,326 @@
+package plugin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+)
+
+// ErrBadState marks a state file that cannot be trusted: not JSON,
+// truncated, fields that make no sense, a major version this plugin does
+// not know, or not a regular file (a directory, a symlink). It is set
+// aside, never a reason to fail forever.
+var ErrBadState = errors.New("bad state file")
+
+// maxStateSize bounds what Load reads: a state file is a few KiB.
+const maxStateSize = 1 << 20
+
+// Store keeps, in one directory (0700), per VF: the state file
+// <pci>.json (0600), the lock <pci>.lock, and while a netdev is being moved
+// the pinned temporary netns <pci>.netns. A state set aside is
+// <pci>.json.bad.
+type Store struct {
+	dir string
+	log *slog.Logger
+}
+
+// NewStore creates dir (0700) when needed.
+func NewStore(dir string, log *slog.Logger) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir %s: %w", dir, err)
+	}
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Store{dir: dir, log: log}, nil
+}
+
+func (s *Store) path(vf string) string      { return filepath.Join(s.dir, vf+".json") }
+func (s *Store) lockPath(vf string) string  { return filepath.Join(s.dir, vf+".lock") }
+func (s *Store) netnsPath(vf string) string { return filepath.Join(s.dir, vf+".netns") }
+
+// Load reads the state of vf: fs.ErrNotExist when there is none,
+// ErrBadState when the file cannot be trusted, another error when it
+// cannot be read.
+func (s *Store) Load(vf string) (*State, error) {
+	p := s.path(vf)
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return nil, fmt.Errorf("state %s: %w: a symlink", p, ErrBadState)
+	case err != nil:
+		return nil, err // fs.ErrNotExist and real I/O errors alike
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("state %s: %w", p, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("state %s: %w: not a regular file (%s)", p, ErrBadState, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxStateSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("state %s: %w", p, err)
+	}
+	if len(data) > maxStateSize {
+		return nil, fmt.Errorf("state %s: %w: larger than %d bytes", p, ErrBadState, maxStateSize)
+	}
+	st, err := decodeState(vf, data)
+	if err != nil {
+		return nil, fmt.Errorf("state %s: %w", p, err)
+	}
+	return st, nil
+}
+
+// Save writes st atomically, mode 0600.
+func (s *Store) Save(st *State) error {
+	st.Version = StateVersion
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(s.path(st.PCIAddress), data, 0o600); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	return nil
+}
+
+// Remove deletes the state of vf.
+func (s *Store) Remove(vf string) error {
+	if err := os.Remove(s.path(vf)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("state: %w", err)
+	}
+	return nil
+}
+
+// SetAside moves a state file that cannot be trusted out of the way, to
+// <pci>.json.bad (replacing an older one: one per VF is kept for a
+// post-mortem), and returns where it went.
+func (s *Store) SetAside(vf string) (string, error) {
+	to := s.path(vf) + ".bad"
+	if err := os.RemoveAll(to); err != nil {
+		return "", fmt.Errorf("set aside state of %s: %w", vf, err)
+	}
+	if err := os.Rename(s.path(vf), to); err != nil {
+		return "", fmt.Errorf("set aside state of %s: %w", vf, err)
+	}
+	return to, nil
+}
+
+// List returns the VFs that have a state file, sorted.
+func (s *Store) List() ([]string, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("state dir %s: %w", s.dir, err)
+	}
+	var vfs []string
+	for _, e := range ents {
+		if vf, ok := strings.CutSuffix(e.Name(), ".json"); ok && pci.ValidAddress(vf) {
+			vfs = append(vfs, vf)
+		}
+	}
+	sort.Strings(vfs)
+	return vfs, nil
+}
+
+// Find returns the state of the attachment (containerID, ifName) of
+// network, or fs.ErrNotExist. Files that cannot be read are logged and
+// skipped: whose they are cannot be told.
+func (s *Store) Find(network, containerID, ifName string) (*State, error) {
+	vfs, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	for _, vf := range vfs {
+		st, err := s.Load(vf)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // removed meanwhile
+		case err != nil:
+			s.log.Warn("state skipped: cannot tell whose it is", "vf", vf, "err", err)
+			continue
+		}
+		if st.is(network, containerID, ifName) {
+			return st, nil
+		}
+	}
+	return nil, fs.ErrNotExist
+}
+
+// LockTimeout bounds the wait for a VF's lock.
+const LockTimeout = 30 * time.Second
+
+// Lock is a held per-VF lock: an flock on <pci>.lock. Whoever inherits its
+// file holds it too — the IPAM plugins do, so that a DEL waits for an IPAM
+// ADD that outlived a killed plugin.
+type Lock struct {
+	f    *os.File
+	path string
+}
+
+// File is the locked file (for a child process to inherit); nil when the
+// lock is a stand-in for a read-only state dir.
+func (l *Lock) File() *os.File { return l.f }
+
+// Lock takes the exclusive lock of vf, waiting up to timeout. The lock file
+// is never followed through a symlink (one found is removed: nothing but
+// this plugin writes here) and is opened read-only, so a state dir that
+// turned read-only still locks once the file exists.
+func (s *Store) Lock(vf string, timeout time.Duration) (*Lock, error) {
+	path := s.lockPath(vf)
+	deadline := time.Now().Add(timeout)
+	for {
+		f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+		if errors.Is(err, unix.ELOOP) && time.Now().Before(deadline) {
+			s.log.Warn("lock file was a symlink; removed it", "path", path)
+			if err := os.Remove(path); err != nil {
+				return nil, fmt.Errorf("lock %s: a symlink that cannot be removed: %w", path, err)
+			}
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		for {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+			if err == nil || !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err != nil {
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, fmt.Errorf("lock %s: still held by another CNI call after %v", path, timeout)
+			}
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		// Unlock removes the file: the lock is ours only if the path
+		// still names the file we locked.
+		if same(f, path) {
+			return &Lock{f: f, path: path}, nil
+		}
+		f.Close()
+	}
+}
+
+func same(f *os.File, path string) bool {
+	a, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	b, err := os.Lstat(path)
+	return err == nil && os.SameFile(a, b)
+}
+
+// Unlock releases the lock; remove also deletes the lock file (when no
+// attachment of the VF is left).
+func (l *Lock) Unlock(remove bool) {
+	if l.f == nil {
+		return
+	}
+	if remove {
+		_ = os.Remove(l.path)
+	}
+	_ = l.f.Close()
+}
+
+// clearLeftovers removes, with vf's lock held, what a killed call on vf may
+// have left beside its state: atomic-write temporaries (.<pci>.json.tmp-*)
+// and an empty pinned netns. A pinned netns that still holds a link is
+// left for teardown, which knows where the link belongs.
+func (s *Store) clearLeftovers(vf string) error {
+	var errs []error
+	tmps, _ := filepath.Glob(filepath.Join(s.dir, "."+vf+".json.tmp-*"))
+	for _, t := range tmps {
+		if err := os.Remove(t); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := unpinIfEmpty(s.netnsPath(vf)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// unpinIfEmpty releases the pinned netns at path unless a link is still in
+// it; a path that is not there is fine.
+func unpinIfEmpty(path string) error {
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if n, err := netns.Open(path); err == nil {
+		links, lerr := n.Links()
+		n.Close()
+		if lerr != nil {
+			return lerr
+		}
+		if len(links) > 0 {
+			return fmt.Errorf("temporary netns %s still holds %s", path, strings.Join(links, ", "))
+		}
+	}
+	return netns.Unpin(path)
+}
+
+// Sweep clears what killed calls left for VFs that have no state: their
+// temporaries, empty pinned namespaces and lock files. A VF whose lock is
+// held is busy, not stale, and is skipped.
+func (s *Store) Sweep() {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, e := range ents {
+		n := e.Name()
+		var vf string
+		switch {
+		case strings.HasSuffix(n, ".lock"):
+			vf = strings.TrimSuffix(n, ".lock")
+		case strings.HasSuffix(n, ".netns"):
+			vf = strings.TrimSuffix(n, ".netns")
+		case strings.HasPrefix(n, ".") && strings.Contains(n, ".json.tmp-"):
+			vf = strings.TrimPrefix(n[:strings.Index(n, ".json.tmp-")], ".")
+		default:
+			continue
+		}
+		if !pci.ValidAddress(vf) || seen[vf] {
+			continue
+		}
+		seen[vf] = true
+		if _, err := os.Lstat(s.path(vf)); !errors.Is(err, fs.ErrNotExist) {
+			continue // an attachment, or a state to set aside: not a leftover
+		}
+		l, err := s.Lock(vf, 0)
+		if err != nil {
+			continue
+		}
+		_, err = os.Lstat(s.path(vf))
+		stale := errors.Is(err, fs.ErrNotExist)
+		if stale {
+			if err := s.clearLeftovers(vf); err != nil {
+				s.log.Warn("leftovers of a killed call not cleared", "vf", vf, "err", err)
+				stale = false
+			} else {
+				s.log.Debug("leftovers of a killed call cleared", "vf", vf)
+			}
+		}
+		l.Unlock(stale)
+	}
+}

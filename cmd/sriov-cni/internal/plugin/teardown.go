@@ -1,0 +1,410 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"golang.org/x/sys/unix"
+
+	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+)
+
+// Del detaches: restores the VF and releases its address.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	ctx := context.Background()
+	c, err := parseConf(args.StdinData)
+	if err != nil {
+		// ADD refused this conf before changing anything: nothing to undo.
+		log, closeLog := p.logger(nil, args)
+		defer closeLog()
+		log.Warn("DEL with an invalid conf; nothing was attached with it", "err", err)
+		return nil
+	}
+	log, closeLog := p.logger(c, args)
+	defer closeLog()
+	store, err := NewStore(c.StateDir, log)
+	if err != nil {
+		return fail(types.ErrIOFailure, "", "open state", err)
+	}
+	vf := c.deviceID()
+	if vf == "" {
+		st, err := store.Find(c.Name, args.ContainerID, args.IfName)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// Never attached, or detached already.
+			store.Sweep()
+			return p.releaseUnattached(ctx, log, c, args, nil)
+		case err != nil:
+			return fail(types.ErrIOFailure, "", "read state", err)
+		}
+		vf = st.PCIAddress
+	}
+	return p.detach(ctx, log, c, store, vf, args)
+}
+
+// releaseUnattached releases the address of an attachment that has no
+// state (IPAM DEL is idempotent).
+func (p *Plugin) releaseUnattached(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, lock *Lock) error {
+	if c.IPAM.Type != "" {
+		if err := p.ipamDel(ctx, args, c.IPAM.Type, lock); err != nil {
+			return fail(0, "", "release address", err)
+		}
+	}
+	log.Debug("nothing attached")
+	return nil
+}
+
+// detach tears the attachment of vf down under its lock, if it is the
+// attachment (args.ContainerID, args.IfName) of network c.Name. A state it
+// cannot trust is set aside and what can be found by PCI address is
+// restored: a damaged file never fails DEL forever.
+func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store *Store, vf string, args *skel.CmdArgs) error {
+	log = log.With("vf", vf)
+	lock, err := store.Lock(vf, LockTimeout)
+	switch {
+	case errors.Is(err, unix.EROFS):
+		// No ADD can write a state meanwhile either.
+		log.Warn("state dir is read-only: DEL goes on without the VF's lock", "err", err)
+		lock = &Lock{}
+	case err != nil:
+		return fail(types.ErrTryAgainLater, vf, "lock", err)
+	}
+	removeLock := false
+	defer func() { lock.Unlock(removeLock) }()
+	p.point("del:locked")
+
+	st, err := store.Load(vf)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// A concurrent DEL finished it, or nothing was attached.
+		removeLock = store.clearLeftovers(vf) == nil
+		return p.releaseUnattached(ctx, log, c, args, lock)
+	case errors.Is(err, ErrBadState):
+		to, serr := store.SetAside(vf)
+		if serr != nil {
+			return fail(types.ErrIOFailure, vf, "set aside a bad state", serr)
+		}
+		log.Warn("state file could not be trusted; set aside, restoring what can be found by PCI address", "err", err, "to", to)
+		host, herr := netns.Current()
+		if herr != nil {
+			return fail(0, vf, "open host netns", herr)
+		}
+		defer host.Close()
+		if terr := p.teardown(ctx, log, store, p.recoveryState(c, args, vf), host, args, lock); terr != nil {
+			log.Error("restore by PCI address incomplete", "err", terr)
+		}
+		removeLock = store.clearLeftovers(vf) == nil
+		return nil
+	case err != nil:
+		return fail(types.ErrIOFailure, vf, "read state", err)
+	case !st.is(c.Name, args.ContainerID, args.IfName):
+		// The VF serves another attachment: this one is gone.
+		return p.releaseUnattached(ctx, log, c, args, lock)
+	}
+
+	host, err := netns.Current()
+	if err != nil {
+		return fail(0, vf, "open host netns", err)
+	}
+	defer host.Close()
+	if terr := p.teardown(ctx, log, store, st, host, args, lock); terr != nil {
+		st.DelAttempts++
+		if st.DelAttempts < maxDelAttempts {
+			if err := store.Save(st); err != nil {
+				log.Error("save state", "err", err)
+			}
+			return terr
+		}
+		log.Error("giving up on restoring the VF after repeated failures; state dropped", "attempts", st.DelAttempts, "err", terr)
+	}
+	if err := store.Remove(vf); err != nil {
+		return fail(types.ErrIOFailure, vf, "remove state", err)
+	}
+	p.point("del:removed")
+	if err := store.clearLeftovers(vf); err != nil {
+		log.Warn("leftovers kept", "err", err)
+	} else {
+		removeLock = true
+	}
+	log.Info("detached", "netdev", st.HostName)
+	return nil
+}
+
+// recoveryState is what can be known of an attachment whose state file was
+// set aside: the attachment from DEL's arguments and conf, the VF from
+// sysfs, the netdev's host name from sysfs or from the alias ADD set on it
+// in the pod. The VF's settings on the PF and the netdev's MAC and MTU
+// before ADD are lost with the file; they are left as they are.
+func (p *Plugin) recoveryState(c *NetConf, args *skel.CmdArgs, vf string) *State {
+	st := &State{Version: StateVersion, Phase: PhaseAdding, Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName,
+		Netns: args.Netns, PCIAddress: vf, IPAMType: c.IPAM.Type, IPAMAdded: c.IPAM.Type != "",
+		DeviceInfoFile: c.RuntimeConfig.CNIDeviceInfoFile}
+	d, err := nic.NewScanner(p.HostRoot).Device(vf)
+	if err != nil {
+		return st
+	}
+	st.PFAddress, st.PFNetdev, st.VFIndex, st.LinkType, st.VFIO = d.PFAddress, d.PFNetdev, d.VFIndex, d.LinkType, d.IsVFIO()
+	if st.VFIO {
+		return st
+	}
+	st.LinkMoved, st.HostName = true, d.Netdev
+	if st.HostName == "" && args.Netns != "" {
+		if pod, err := netns.Open(args.Netns); err == nil {
+			if l, err := pod.Handle().LinkByName(args.IfName); err == nil {
+				st.HostName = l.Attrs().Alias
+			}
+			pod.Close()
+		}
+	}
+	if mode, err := p.RDMA.NetnsMode(); err == nil && mode == RDMAModeExclusive && d.RDMADevice != "" {
+		st.RDMADevice, st.RDMAMoved = d.RDMADevice, true
+	}
+	return st
+}
+
+// teardown undoes what st says ADD did or began, newest first. Each undo
+// tolerates a step that never happened, happened half-way or was undone
+// already, so teardown may run again after a crash of its own.
+func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, st *State, host *netns.NS, args *skel.CmdArgs, lock *Lock) error {
+	var errs []error
+	p.point("teardown:ipam")
+	if st.IPAMAdded && st.IPAMType != "" {
+		if err := p.ipamDel(ctx, args, st.IPAMType, lock); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	p.point("teardown:devinfo")
+	if st.DeviceInfoFile != "" {
+		if err := removeDeviceInfo(log, st.DeviceInfoFile, st.PCIAddress); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if !st.VFIO {
+		var pod *netns.NS
+		if st.Netns != "" {
+			if n, err := netns.Open(st.Netns); err == nil {
+				pod = n
+				defer pod.Close()
+			} else if st.LinkMoved {
+				log.Info("pod netns gone; the kernel returned the VF to the host netns", "netns", st.Netns)
+			}
+		}
+		p.point("teardown:rdma")
+		if st.RDMAMoved && st.RDMADevice != "" && pod != nil {
+			present, err := p.RDMA.Present(st.RDMADevice, pod)
+			if err == nil && present {
+				err = p.RDMA.Move(st.RDMADevice, pod, host)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("return RDMA device %s to the host: %w", st.RDMADevice, err))
+			}
+		}
+		p.point("teardown:link")
+		if _, err := os.Lstat(store.netnsPath(st.PCIAddress)); st.LinkMoved || err == nil {
+			if err := p.restoreLink(log, store, st, host, pod); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	p.point("teardown:vf")
+	if len(st.VFApplied) > 0 && st.VFOrig != nil {
+		if err := sriov.RestoreAll(p.NewPFLink(host.Handle()), st.PFNetdev, st.VFIndex, st.VFApplied, st.VFOrig); err != nil {
+			errs = append(errs, fmt.Errorf("VF settings on PF %s: %w", st.PFNetdev, err))
+		}
+	}
+	if len(errs) > 0 {
+		return fail(0, st.PCIAddress, "restore", errors.Join(errs...))
+	}
+	return nil
+}
+
+// removeDeviceInfo removes the device-info file at path while it still
+// names vf (anything else there is not this attachment's to remove), and
+// the temporaries of a write killed half-way.
+func removeDeviceInfo(log *slog.Logger, path, vf string) error {
+	dir, base := filepath.Dir(path), filepath.Base(path)
+	if ents, err := os.ReadDir(dir); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "."+base+".tmp-") {
+				_ = os.Remove(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		log.Warn("device-info file left: not one this plugin wrote", "path", path, "err", err)
+		return nil
+	}
+	var info devinfo.Info
+	derr := json.NewDecoder(f).Decode(&info)
+	f.Close()
+	if derr != nil || info.PCI == nil || info.PCI.PCIAddress != vf {
+		log.Warn("device-info file left: it does not name this VF", "path", path)
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove device-info file: %w", err)
+	}
+	return nil
+}
+
+// restoreLink brings the VF netdev back to the host under its original
+// name, MAC, MTU and alias, from wherever it is (findNetdev), and releases
+// the pinned temporary netns.
+func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, pod *netns.NS) error {
+	viaPath := store.netnsPath(st.PCIAddress)
+	var via *netns.NS
+	if n, err := netns.Open(viaPath); err == nil {
+		via = n
+		defer func() { via.Close() }()
+	}
+	where, name := p.findNetdev(st, host, pod, via)
+	switch {
+	case where == nil:
+		log.Warn("VF netdev not found in the pod, the temporary or the host netns; was the VF removed?", "netdev", st.HostName)
+	case where == host:
+		if err := restoreInHost(st, host, name); err != nil {
+			return err
+		}
+	default:
+		if via == nil {
+			// A plain file is what a kill before the mount leaves.
+			if err := netns.Unpin(viaPath); err != nil {
+				return err
+			}
+			n, err := netns.Pin(viaPath)
+			if err != nil {
+				return fmt.Errorf("temporary netns: %w", err)
+			}
+			via = n
+		}
+		alias := st.HostAlias
+		cfg := netns.LinkConfig{Name: st.HostName, MTU: st.HostMTU, Alias: &alias}
+		if st.PodMAC != "" {
+			cfg.MAC, _ = net.ParseMAC(st.HostMAC)
+		}
+		if _, err := netns.MoveVia(name, where, via, host, cfg); err != nil {
+			return fmt.Errorf("return %s to the host as %s: %w", name, st.HostName, err)
+		}
+	}
+	if err := unpinIfEmpty(viaPath); err != nil {
+		return err
+	}
+	if where == nil || !st.HostUp {
+		return nil
+	}
+	l, err := host.Handle().LinkByName(st.HostName)
+	if err == nil {
+		err = host.Handle().LinkSetUp(l)
+	}
+	if err != nil {
+		return fmt.Errorf("set %s up: %w", st.HostName, err)
+	}
+	return nil
+}
+
+// findNetdev finds the VF's netdev wherever a finished, failed or killed
+// ADD or DEL may have left it, the most specific place first:
+//   - the pinned temporary netns, which never holds anything else;
+//   - the pod netns, under CNI_IFNAME or any name, carrying the alias ADD
+//     set (the VF's host name);
+//   - the host netns: under a name sysfs lists for the VF (the kernel
+//     returns a VF from a destroyed netns under whatever name it had
+//     there), under CNI_IFNAME or any name with that alias, or under its
+//     original name.
+func (p *Plugin) findNetdev(st *State, host, pod, via *netns.NS) (*netns.NS, string) {
+	if via != nil {
+		if names, err := via.Links(); err == nil && len(names) > 0 {
+			return via, names[0]
+		}
+	}
+	if st.HostName == "" {
+		return nil, ""
+	}
+	if pod != nil {
+		if name := withAlias(pod, st.IfName, st.HostName); name != "" {
+			return pod, name
+		}
+	}
+	h := host.Handle()
+	ents, _ := os.ReadDir(filepath.Join(p.HostRoot, "sys/bus/pci/devices", st.PCIAddress, "net"))
+	for _, e := range ents {
+		if _, err := h.LinkByName(e.Name()); err == nil {
+			return host, e.Name()
+		}
+	}
+	if name := withAlias(host, st.IfName, st.HostName); name != "" {
+		return host, name
+	}
+	if _, err := h.LinkByName(st.HostName); err == nil {
+		return host, st.HostName
+	}
+	return nil, ""
+}
+
+// withAlias is the link in n whose alias is alias: the one named name
+// first, else any.
+func withAlias(n *netns.NS, name, alias string) string {
+	h := n.Handle()
+	if l, err := h.LinkByName(name); err == nil && l.Attrs().Alias == alias {
+		return name
+	}
+	links, _ := h.LinkList()
+	for _, l := range links {
+		if l.Attrs().Alias == alias {
+			return l.Attrs().Name
+		}
+	}
+	return ""
+}
+
+// restoreInHost puts back, in place, the name, MAC, MTU and alias of the
+// VF netdev found in the host netns as name.
+func restoreInHost(st *State, host *netns.NS, name string) error {
+	h := host.Handle()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	if name != st.HostName {
+		if err := h.LinkSetDown(l); err != nil {
+			return fmt.Errorf("set %s down: %w", name, err)
+		}
+		if err := h.LinkSetName(l, st.HostName); err != nil {
+			return fmt.Errorf("rename %s to %s: %w", name, st.HostName, err)
+		}
+	}
+	a := l.Attrs()
+	if mac, err := net.ParseMAC(st.HostMAC); st.PodMAC != "" && err == nil && a.HardwareAddr.String() != mac.String() {
+		if err := h.LinkSetHardwareAddr(l, mac); err != nil {
+			return fmt.Errorf("restore MAC of %s: %w", st.HostName, err)
+		}
+	}
+	if st.HostMTU != 0 && a.MTU != st.HostMTU {
+		if err := h.LinkSetMTU(l, st.HostMTU); err != nil {
+			return fmt.Errorf("restore MTU of %s: %w", st.HostName, err)
+		}
+	}
+	if a.Alias != st.HostAlias {
+		if err := h.LinkSetAlias(l, st.HostAlias); err != nil {
+			return fmt.Errorf("restore alias of %s: %w", st.HostName, err)
+		}
+	}
+	return nil
+}
