@@ -14,7 +14,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_PKG := github.com/fastpath-k8s/fastpath/internal/version
 LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)
 
-.PHONY: all build cross portable test test-short lint fmt vet bench discover demo e2e image-tar fixtures clean soak
+.PHONY: all build cross portable test test-short lint fmt vet bench discover demo e2e image-tar fixtures clean soak fuzz
 
 all: lint build test
 
@@ -79,6 +79,19 @@ image-tar:
 demo:
 	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it creates a network namespace and veth links standing in for the VFs (sudo make demo)"; exit 2; fi
 	$(GO) run ./test/demo --host-root $(HOSTROOT) --config $(CONFIG)
+
+# Every Fuzz... target in the repo, FUZZTIME each (after its committed seed
+# corpus in testdata/fuzz/ and its f.Add seeds, which plain go test runs
+# too). A failure leaves the input in testdata/fuzz/ to commit with the fix.
+FUZZTIME ?= 5s
+fuzz:
+	@set -eo pipefail; for f in $$(grep -rl --include='*_test.go' --exclude-dir=.e2e-work --exclude-dir=$(BIN) '^func Fuzz' . | sort); do \
+		pkg=$$(dirname $$f); \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "fuzz $$pkg $$t ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$pkg 2>&1 | grep -v '^fuzz: elapsed'; \
+		done; \
+	done
 
 # Fault injection, as root: every TestSoak... test in the repo (kills at
 # random moments and at every step boundary, races, garbage input, a leak
