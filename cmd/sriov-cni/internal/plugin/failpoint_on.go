@@ -3,28 +3,230 @@
 package plugin
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
-// FailpointEnv names, in a test build (-tags failpoints, which the fault
-// injection suite in test/soak builds; release builds have no such code),
-// the step boundary at which the plugin kills itself with SIGKILL, as the
-// OOM killer or a node drain would: e.g. add:link, teardown:vf.
-const FailpointEnv = "FASTPATH_FAILPOINT"
+// The fault-injection suite (test/soak) builds the plugin with -tags
+// failpoints; release builds have none of this. Its environment:
+const (
+	// FailpointEnv names the step boundary at which the plugin kills
+	// itself with SIGKILL, as the OOM killer or a node drain would:
+	// e.g. add:link, teardown:vf.
+	FailpointEnv = "FASTPATH_FAILPOINT"
+	// FakePFEnv names a directory where VF settings on the PF are kept,
+	// one JSON file per PF netdev, instead of rtnetlink (this machine has
+	// no SR-IOV PF), so that they outlive a killed plugin like a PF's do.
+	FakePFEnv = "FASTPATH_FAKE_PF"
+	// FakeRDMAEnv names a JSON file that records which netns (by inode)
+	// each RDMA device is in, in exclusive mode, instead of RDMA netlink.
+	FakeRDMAEnv = "FASTPATH_FAKE_RDMA"
+)
 
-func failpoints() func(string) {
-	want := os.Getenv(FailpointEnv)
-	if want == "" {
+func testBuild(p *Plugin) {
+	if want := os.Getenv(FailpointEnv); want != "" {
+		p.failpoint = func(name string) {
+			if name != want {
+				return
+			}
+			fmt.Fprintf(os.Stderr, "failpoint %s: SIGKILL\n", name)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // the signal is on its way
+		}
+	}
+	if dir := os.Getenv(FakePFEnv); dir != "" {
+		p.NewPFLink = func(*netlink.Handle) sriov.PFLink { return filePFLink{dir: dir} }
+	}
+	if path := os.Getenv(FakeRDMAEnv); path != "" {
+		p.RDMA = fileRDMA{path: path}
+	}
+}
+
+// locked runs f with an exclusive flock on path+".lock": concurrent
+// plugins (one per VF) share the files.
+func locked(path string, f func() error) error {
+	l, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if err := unix.Flock(int(l.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	return f()
+}
+
+func load(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	return func(name string) {
-		if name != want {
-			return
-		}
-		fmt.Fprintf(os.Stderr, "failpoint %s: SIGKILL\n", name)
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // the signal is on its way
+	if err != nil {
+		return err
 	}
+	return json.Unmarshal(b, v)
+}
+
+func save(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(path, b, 0o600)
+}
+
+// UnconfiguredVF is the settings of a VF nobody changed, as mlx5 reports
+// them: zero MAC, spoof checking on, 802.1Q.
+var UnconfiguredVF = sriov.VFConfig{MAC: "00:00:00:00:00:00", SpoofChk: true, Proto: sriov.VlanProto8021Q}
+
+// filePFLink keeps VF settings in <dir>/<pf>.json (map of VF index to
+// settings).
+type filePFLink struct{ dir string }
+
+func (f filePFLink) update(pf string, vf int, change func(*sriov.VFConfig)) (sriov.VFConfig, error) {
+	path := filepath.Join(f.dir, pf+".json")
+	var out sriov.VFConfig
+	err := locked(path, func() error {
+		vfs := map[int]sriov.VFConfig{}
+		if err := load(path, &vfs); err != nil {
+			return err
+		}
+		c, ok := vfs[vf]
+		if !ok {
+			c = UnconfiguredVF
+		}
+		if change == nil {
+			out = c
+			return nil
+		}
+		change(&c)
+		vfs[vf] = c
+		out = c
+		return save(path, vfs)
+	})
+	return out, err
+}
+
+func (f filePFLink) VF(pf string, vf int) (sriov.VFConfig, error) { return f.update(pf, vf, nil) }
+
+func (f filePFLink) SetVFVlan(pf string, vf, vlan, qos, proto int) error {
+	_, err := f.update(pf, vf, func(c *sriov.VFConfig) { c.Vlan, c.QoS, c.Proto = vlan, qos, proto })
+	return err
+}
+
+func (f filePFLink) SetVFMAC(pf string, vf int, mac net.HardwareAddr) error {
+	_, err := f.update(pf, vf, func(c *sriov.VFConfig) { c.MAC = mac.String() })
+	return err
+}
+
+func (f filePFLink) SetVFSpoofChk(pf string, vf int, on bool) error {
+	_, err := f.update(pf, vf, func(c *sriov.VFConfig) { c.SpoofChk = on })
+	return err
+}
+
+func (f filePFLink) SetVFTrust(pf string, vf int, on bool) error {
+	_, err := f.update(pf, vf, func(c *sriov.VFConfig) { c.Trust = on })
+	return err
+}
+
+func (f filePFLink) SetVFLinkState(pf string, vf int, state uint32) error {
+	_, err := f.update(pf, vf, func(c *sriov.VFConfig) { c.LinkState = state })
+	return err
+}
+
+func (f filePFLink) SetVFRate(pf string, vf, lo, hi int) error {
+	_, err := f.update(pf, vf, func(c *sriov.VFConfig) { c.MinTxRate, c.MaxTxRate = lo, hi })
+	return err
+}
+
+func (f filePFLink) SetVFGUID(pf string, vf int, guid net.HardwareAddr) error {
+	_, err := f.update(pf, vf, func(c *sriov.VFConfig) { c.GUID = guid.String() })
+	return err
+}
+
+// fileRDMA keeps, in one JSON file, the netns inode of each RDMA device
+// that is not in the plugin's own (host) netns.
+type fileRDMA struct{ path string }
+
+func inode(n *netns.NS) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(n.Fd(), &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
+func hostInode() (uint64, error) {
+	var st unix.Stat_t
+	err := unix.Stat("/proc/self/ns/net", &st)
+	return st.Ino, err
+}
+
+func (fileRDMA) NetnsMode() (string, error) { return RDMAModeExclusive, nil }
+
+func (r fileRDMA) where(devs map[string]uint64, dev string) (uint64, error) {
+	if ino, ok := devs[dev]; ok {
+		return ino, nil
+	}
+	return hostInode()
+}
+
+func (r fileRDMA) Move(dev string, from, to *netns.NS) error {
+	return locked(r.path, func() error {
+		devs := map[string]uint64{}
+		if err := load(r.path, &devs); err != nil {
+			return err
+		}
+		at, err := r.where(devs, dev)
+		if err != nil {
+			return err
+		}
+		src, err := inode(from)
+		if err != nil {
+			return err
+		}
+		if at != src {
+			return fmt.Errorf("RDMA device %s is not in %s", dev, from.Path())
+		}
+		dst, err := inode(to)
+		if err != nil {
+			return err
+		}
+		if host, _ := hostInode(); dst == host {
+			delete(devs, dev)
+		} else {
+			devs[dev] = dst
+		}
+		return save(r.path, devs)
+	})
+}
+
+func (r fileRDMA) Present(dev string, in *netns.NS) (bool, error) {
+	var present bool
+	err := locked(r.path, func() error {
+		devs := map[string]uint64{}
+		if err := load(r.path, &devs); err != nil {
+			return err
+		}
+		at, err := r.where(devs, dev)
+		if err != nil {
+			return err
+		}
+		n, err := inode(in)
+		present = at == n
+		return err
+	})
+	return present, err
 }

@@ -55,7 +55,7 @@ type Plugin struct {
 	Stdout, Stderr io.Writer
 
 	// failpoint is called at each step boundary of ADD and teardown; only
-	// test builds set it (failpoints).
+	// test builds set it (testBuild).
 	failpoint func(name string)
 }
 
@@ -65,10 +65,12 @@ func New() *Plugin {
 	if root == "" {
 		root = "/"
 	}
-	return &Plugin{
+	p := &Plugin{
 		HostRoot: root, NewPFLink: sriov.NewNetlinkPFLink, RDMA: NewNetlinkRDMA(), NewPodResources: NewKubeletPodResources,
-		Stdout: os.Stdout, Stderr: os.Stderr, failpoint: failpoints(),
+		Stdout: os.Stdout, Stderr: os.Stderr,
 	}
+	testBuild(p)
+	return p
 }
 
 // Funcs are the plugin's commands for skel.

@@ -272,8 +272,12 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 	var via *netns.NS
 	if n, err := netns.Open(viaPath); err == nil {
 		via = n
-		defer func() { via.Close() }()
 	}
+	defer func() {
+		if via != nil {
+			via.Close()
+		}
+	}()
 	where, name := p.findNetdev(st, host, pod, via)
 	switch {
 	case where == nil:
@@ -290,7 +294,12 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 			}
 			n, err := netns.Pin(viaPath)
 			if err != nil {
-				return fmt.Errorf("temporary netns: %w", err)
+				// A state dir that is full or read-only: bringing the VF
+				// back matters more than surviving a kill on the way.
+				log.Warn("temporary netns not pinned; moving through an unpinned one", "err", err)
+				if n, err = netns.Temp(); err != nil {
+					return err
+				}
 			}
 			via = n
 		}
