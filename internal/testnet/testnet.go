@@ -57,11 +57,17 @@ func Netns(tb testing.TB, prefix string) (name, path string) {
 // it has moved. It returns the stand-in as created. Needs root.
 func StandIn(tb testing.TB, h *netlink.Handle, name string) netlink.Link {
 	tb.Helper()
+	return Veth(tb, h, name, "fp"+RandHex(4))
+}
+
+// Veth is StandIn with the peer's name chosen by the caller (who can then
+// delete the stand-in, wherever it is, by deleting the peer).
+func Veth(tb testing.TB, h *netlink.Handle, name, peer string) netlink.Link {
+	tb.Helper()
 	if h == nil {
 		h = &netlink.Handle{} // the calling thread's namespace, as the package functions
 	}
 	mac, _ := net.ParseMAC("0a:00:00:" + RandHex(1) + ":" + RandHex(1) + ":" + RandHex(1))
-	peer := "fp" + RandHex(4)
 	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac, MTU: 1500}, PeerName: peer}
 	if err := h.LinkAdd(v); err != nil {
 		tb.Fatalf("stand-in %s: %v", name, err)
