@@ -42,7 +42,7 @@ func TestIPAMFailuresNeverCodeZero(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			u := newUnit(t)
 			u.cniPath = ipamScript(t, tc.script)
-			_, err := u.add(u.conf(`"vlan":4,"ipam":{"type":"fake-ipam"}`), "c1")
+			_, err := u.add(u.conf(`"trust":"on","ipam":{"type":"fake-ipam"}`), "c1")
 			require.Error(t, err)
 			e := CNIError(err)
 			require.Equal(t, tc.code, e.Code, "%v", e)

@@ -456,6 +456,8 @@ func TestVFIOBoundVF(t *testing.T) {
 	// to ask: no VLAN.
 	_, err := e.add(e.conf(`"deviceID":"0000:86:00.1","vlan":12`), e.pod(), "c0", "net1")
 	require.ErrorContains(t, err, "an InfiniBand VF has no VLAN")
+	require.Empty(t, pfChanges(e.pf), "refused before anything changed")
+	e.pf.ResetCalls()
 	conf := e.conf(`"deviceID":"0000:86:00.1","trust":"on","ipam":{"type":"static","addresses":[{"address":"10.81.0.5/24"}]}`)
 	podNS := e.pod()
 	res, err := e.add(conf, podNS, "c1", "net1")

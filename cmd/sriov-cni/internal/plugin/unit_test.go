@@ -80,8 +80,10 @@ func (u *unit) conf(extra string) string {
 		u.stateDir, vfioVF, u.ipamDir, filepath.Join(u.devinfoDir, "c1-net1.json"), extra)
 }
 
-// allSettings asks for every VF setting a vfio VF takes.
-const allSettings = `"vlan":100,"vlanQoS":2,"mac":"02:fa:57:00:00:01","spoofchk":"off","trust":"on","link_state":"disable","min_tx_rate":10,"max_tx_rate":100`
+// allSettings asks for every VF setting the vfio VF takes: it is on an
+// InfiniBand PF (no VLAN, no MAC) and has no RDMA device to read its GUID
+// from (no GUID either).
+const allSettings = `"spoofchk":"off","trust":"on","link_state":"disable","min_tx_rate":10,"max_tx_rate":100`
 
 func (u *unit) args(conf, cid string) *skel.CmdArgs {
 	return &skel.CmdArgs{ContainerID: cid, Netns: u.netns, IfName: "net1", Path: u.cniPath, StdinData: []byte(conf)}
@@ -148,7 +150,7 @@ func TestVFIOAddCheckDel(t *testing.T) {
 	require.Equal(t, "10.60.0.2/24", res.IPs[0].Address.String())
 	require.Equal(t, []string{"10.60.0.2"}, u.leases())
 	got := u.pf.Get(vfioPF, 0)
-	require.Equal(t, sriov.VFConfig{MAC: "02:fa:57:00:00:01", Vlan: 100, QoS: 2, Proto: sriov.VlanProto8021Q, Trust: true,
+	require.Equal(t, sriov.VFConfig{MAC: "00:00:00:00:00:00", Proto: sriov.VlanProto8021Q, Trust: true,
 		LinkState: sriov.LinkStateDisable, MinTxRate: 10, MaxTxRate: 100}, got)
 	di, err := os.ReadFile(filepath.Join(u.devinfoDir, "c1-net1.json"))
 	require.NoError(t, err)
@@ -158,7 +160,7 @@ func TestVFIOAddCheckDel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, PhaseAdded, st.Phase)
 	require.True(t, st.IPAMAdded)
-	require.Equal(t, []sriov.Setting{"vlan", "mac", "spoofchk", "trust", "link_state", "tx_rate"}, st.VFApplied)
+	require.Equal(t, []sriov.Setting{"spoofchk", "trust", "link_state", "tx_rate"}, st.VFApplied)
 	require.Equal(t, []string{vfioVF + ".json", vfioVF + ".lock"}, ls(t, u.stateDir))
 
 	// CHECK with the result as prevResult.
@@ -202,7 +204,7 @@ func withPrev(t *testing.T, conf string, prev *current.Result) string {
 // address, the device-info file, the state.
 func TestVFIOGC(t *testing.T) {
 	u := newUnit(t)
-	_, err := u.add(u.conf(`"vlan":7`), "gone")
+	_, err := u.add(u.conf(`"trust":"on"`), "gone")
 	require.NoError(t, err)
 	require.NoError(t, u.p.GC(u.args(u.conf(`"cni.dev/valid-attachments":[]`), "")))
 	u.requireClean()
@@ -212,7 +214,7 @@ func TestVFIOGC(t *testing.T) {
 // attachment, a mistake: both change nothing.
 func TestVFIOBusy(t *testing.T) {
 	u := newUnit(t)
-	conf := u.conf(`"vlan":7`)
+	conf := u.conf(`"trust":"on"`)
 	_, err := u.add(conf, "c1")
 	require.NoError(t, err)
 	u.pf.ResetCalls()
@@ -223,7 +225,7 @@ func TestVFIOBusy(t *testing.T) {
 	require.ErrorContains(t, err, "already attached as container c1")
 	require.Empty(t, u.pf.Calls())
 	require.NoError(t, u.del(conf, "c2"), "DEL of the refused one leaves the attachment")
-	require.Equal(t, 7, u.pf.Get(vfioPF, 0).Vlan)
+	require.True(t, u.pf.Get(vfioPF, 0).Trust)
 	require.NoError(t, u.del(conf, "c1"))
 	u.requireClean()
 }
@@ -234,12 +236,12 @@ func TestHostNetnsRefused(t *testing.T) {
 	u := newUnit(t)
 	for _, ns := range []string{"/proc/self/ns/net", "/proc/thread-self/ns/net", fmt.Sprintf("/proc/%d/ns/net", os.Getpid())} {
 		u.netns = ns
-		_, err := u.add(u.conf(`"vlan":7`), "c1")
+		_, err := u.add(u.conf(`"trust":"on"`), "c1")
 		require.ErrorContains(t, err, "the plugin's own network namespace")
 		require.Equal(t, uint(8), CNIError(err).Code)
 		require.Empty(t, u.pf.Calls())
 		u.requireClean()
-		require.NoError(t, u.del(u.conf(`"vlan":7`), "c1"), "and DEL succeeds")
+		require.NoError(t, u.del(u.conf(`"trust":"on"`), "c1"), "and DEL succeeds")
 	}
 	u.netns = filepath.Join(t.TempDir(), "missing")
 	_, err := u.add(u.conf(""), "c1")
@@ -262,8 +264,8 @@ func TestAddRefusesBadInterfaceNames(t *testing.T) {
 // A VF setting the PF refuses rolls back exactly the settings applied
 // before it, newest first, and leaves nothing behind.
 func TestVFSettingRefusedRollsBack(t *testing.T) {
-	methods := []string{"SetVFVlan", "SetVFMAC", "SetVFSpoofChk", "SetVFTrust", "SetVFLinkState", "SetVFRate"}
-	names := []string{"vlan", "mac", "spoofchk", "trust", "link_state", "tx_rate"}
+	methods := []string{"SetVFSpoofChk", "SetVFTrust", "SetVFLinkState", "SetVFRate"}
+	names := []string{"spoofchk", "trust", "link_state", "tx_rate"}
 	for i, m := range methods {
 		t.Run(m, func(t *testing.T) {
 			u := newUnit(t)
@@ -285,6 +287,7 @@ func TestAddRefusesWhatTheVFCannotTake(t *testing.T) {
 	u := newUnit(t)
 	for _, tc := range []struct{ extra, want string }{
 		{`"mtu":9000`, "bound to vfio-pci (no netdev): mtu cannot apply"},
+		{`"vlan":7`, "an InfiniBand VF has no VLAN"},
 		{`"guid":"02:00:00:00:00:00:00:01"`, "current GUID cannot be read"},
 		{`"rdmaIsolation":true`, ""},
 	} {
@@ -352,7 +355,7 @@ func TestDeviceInfoOnlyOwnRemoved(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(`{"type":"pci","version":"1.1.0","pci":{"pci-address":"0000:86:00.1"}}`), 0o444))
 
 	// ADD fails at IPAM, before its device-info step.
-	_, err := u.add(u.conf(`"vlan":3,"ipam":{"type":"no-such-ipam"}`), "c1")
+	_, err := u.add(u.conf(`"trust":"on","ipam":{"type":"no-such-ipam"}`), "c1")
 	require.ErrorContains(t, err, `IPAM plugin "no-such-ipam"`)
 	_, err = os.Stat(path)
 	require.NoError(t, err, "a file ADD never wrote is left alone")
@@ -374,7 +377,7 @@ func TestDeviceInfoOnlyOwnRemoved(t *testing.T) {
 // address anyway.
 func TestDelWithoutDeviceID(t *testing.T) {
 	u := newUnit(t)
-	conf := u.conf(`"vlan":9`)
+	conf := u.conf(`"trust":"on"`)
 	_, err := u.add(conf, "c1")
 	require.NoError(t, err)
 	var c map[string]any
