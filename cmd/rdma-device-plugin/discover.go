@@ -155,10 +155,10 @@ func writeTable(w io.Writer, r *discoverReport) {
 		pfs = append(pfs, d)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PCI\tMODEL\tDRIVER\tNUMA\tNETDEV\tLINK\tRDMA\tCHAR DEVICES\tPOOL")
+	fmt.Fprintln(tw, "PCI\tMODEL\tDRIVER\tNUMA\tPCIE ROOT\tNETDEV\tLINK\tRDMA\tCHAR DEVICES\tPOOL")
 	row := func(name string, d deviceReport) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, d.Model, dash(d.Driver), numa(d.NUMANode),
-			dash(d.Netdev), dash(d.LinkType), dash(d.RDMADevice), charDevs(d), dash(strings.Join(poolsOf[d.PCIAddress], ",")))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, d.Model, dash(d.Driver), numa(d.NUMANode),
+			dash(d.PCIeRoot), dash(d.Netdev), dash(d.LinkType), dash(d.RDMADevice), charDevs(d), dash(strings.Join(poolsOf[d.PCIAddress], ",")))
 	}
 	for _, pf := range pfs {
 		name := pf.PCIAddress

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
 )
 
 func fixture(name string) string { return filepath.Join("..", "..", "testdata", "sysfs", name) }
@@ -37,7 +39,7 @@ func TestDiscoverJSONShape(t *testing.T) {
 	for k, want := range map[string]any{
 		"pciAddress": "0000:18:00.1", "vendor": "15b3", "device": "101e", "class": "0x020700",
 		"driver": "mlx5_core", "numaNode": 0.0, "pfAddress": "0000:18:00.0", "vfIndex": 0.0,
-		"netdev": "ibp24s0v0", "linkType": "InfiniBand", "rdmaDevice": "mlx5_12",
+		"netdev": "ibp24s0v0", "linkType": "InfiniBand", "rdmaDevice": "mlx5_12", "pcieRoot": "pci0000:15",
 		"charDevices": []any{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"},
 	} {
 		require.Equal(t, want, vf[k], k)
@@ -99,9 +101,9 @@ func TestDiscoverTable(t *testing.T) {
 	var out, errs bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"discover", "--host-root", fixture("dgx-h100"), "--config", config("combined.json")}, &out, &errs))
 	lines := strings.Split(out.String(), "\n")
-	require.Regexp(t, `^PCI\s+MODEL\s+DRIVER\s+NUMA\s+NETDEV\s+LINK\s+RDMA\s+CHAR DEVICES\s+POOL$`, lines[0])
-	require.Regexp(t, `^0000:18:00.0 \(4/16 VFs\)\s+\S+\s+mlx5_core\s+0\s+ibp24s0\s+InfiniBand\s+mlx5_0\s+uverbs2,umad0,issm0,rdma_cm\s+rdma/hca_shared_devices_a$`, lines[1])
-	require.Regexp(t, `^  ├─ vf0 0000:18:00.1\s+\S+\s+mlx5_core\s+0\s+ibp24s0v0\s+InfiniBand\s+mlx5_12\s+uverbs14,umad12,issm12,rdma_cm\s+mellanox.com/mlnx_sriov_rdma$`, lines[2])
+	require.Regexp(t, `^PCI\s+MODEL\s+DRIVER\s+NUMA\s+PCIE ROOT\s+NETDEV\s+LINK\s+RDMA\s+CHAR DEVICES\s+POOL$`, lines[0])
+	require.Regexp(t, `^0000:18:00.0 \(4/16 VFs\)\s+\S+\s+mlx5_core\s+0\s+pci0000:15\s+ibp24s0\s+InfiniBand\s+mlx5_0\s+uverbs2,umad0,issm0,rdma_cm\s+rdma/hca_shared_devices_a$`, lines[1])
+	require.Regexp(t, `^  ├─ vf0 0000:18:00.1\s+\S+\s+mlx5_core\s+0\s+pci0000:15\s+ibp24s0v0\s+InfiniBand\s+mlx5_12\s+uverbs14,umad12,issm12,rdma_cm\s+mellanox.com/mlnx_sriov_rdma$`, lines[2])
 	require.Regexp(t, `^  └─ vf3 0000:18:00.4\s`, lines[5])
 	require.Contains(t, out.String(), "pool mellanox.com/mlnx_sriov_rdma (exclusive): 32 devices, capacity 32, policy spread")
 	require.Empty(t, errs.String())
@@ -150,4 +152,24 @@ func TestDiscoverPeerResourceNames(t *testing.T) {
 			require.Contains(t, out.String(), tc.want)
 		})
 	}
+}
+
+// A function whose PCIe root is unknown (its root complex under
+// devices/platform, as on arm64 SoCs) shows "-" in the table and "" in JSON.
+func TestDiscoverUnknownPCIeRoot(t *testing.T) {
+	r := t.TempDir()
+	b, err := fx.NewBuilder(r)
+	require.NoError(t, err)
+	parent, err := b.Bridge("platform/1c00000.pcie/pci0000:00", "0000:00:00.0", "17cb", "0108", 0)
+	require.NoError(t, err)
+	require.NoError(t, b.Add(fx.Function{
+		Address: "0000:01:00.0", Vendor: "15b3", Device: "101d", Class: "0x020000", Driver: "mlx5_core",
+		IOMMUGroup: 1, Parent: parent, Netdevs: []fx.Netdev{{Name: "eth0", MAC: fx.MAC(1, 0)}},
+		RDMA: []fx.RDMADevice{{Name: "mlx5_0", LinkLayer: "Ethernet", Uverbs: 0, Umad: 0, NodeGUID: fx.GUID(1, 0)}},
+	}))
+	v := discoverJSON(t, "--host-root", r)
+	require.Equal(t, "", v["devices"].([]any)[0].(map[string]any)["pcieRoot"])
+	var out, errs bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"discover", "--host-root", r}, &out, &errs))
+	require.Regexp(t, `(?m)^0000:01:00.0\s+\S+\s+mlx5_core\s+0\s+-\s+eth0\s+Ethernet\s+mlx5_0\s`, out.String())
 }

@@ -45,10 +45,13 @@ type Device struct {
 	// are set for functions bound to vfio-pci.
 	IOMMUGroup  string   `json:"iommuGroup,omitempty"`
 	VFIODevices []string `json:"vfioDevices,omitempty"`
-	// UpstreamBridges are the PCI bridges above the function, nearest first;
-	// RootComplex is the pciDDDD:BB domain/bus it hangs off.
+	// UpstreamBridges are the PCI bridges above the function, nearest first.
 	UpstreamBridges []string `json:"upstreamBridges,omitempty"`
-	RootComplex     string   `json:"rootComplex,omitempty"`
+	// PCIeRoot is the PCIe root complex the function hangs off, the value
+	// of the Kubernetes standard device attribute
+	// resource.kubernetes.io/pcieRoot ("pci0000:15"), "" when unknown
+	// (see pci.Function.PCIeRoot).
+	PCIeRoot string `json:"pcieRoot"`
 }
 
 // IsVF reports whether d is a virtual function.

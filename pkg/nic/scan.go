@@ -213,7 +213,7 @@ func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []r
 		PCIAddress: f.Address, Vendor: f.Vendor, DeviceID: f.Device, Class: f.Class,
 		Model: s.names.Model(f.Vendor, f.Device), Driver: f.Driver, NUMANode: f.NUMANode,
 		PFAddress: f.PhysFn, VFIndex: vfIndex, TotalVFs: sr.TotalVFs, NumVFs: sr.NumVFs,
-		UpstreamBridges: f.Bridges, RootComplex: f.RootComplex,
+		UpstreamBridges: f.Bridges, PCIeRoot: f.PCIeRoot,
 		CharDevices: []rdma.CharDevice{}, LinkType: classLinkType(f),
 	}
 	var warns []string

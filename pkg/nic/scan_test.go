@@ -49,7 +49,7 @@ func TestScanDGX(t *testing.T) {
 		Driver: "mlx5_core", NUMANode: 0, PFAddress: "0000:18:00.0", VFIndex: 0,
 		Netdev: "ibp24s0v0", PFNetdev: "ibp24s0", LinkType: "InfiniBand", RDMADevice: "mlx5_12",
 		CharDevices:     chars(14, 12),
-		UpstreamBridges: []string{"0000:17:00.0", "0000:16:00.0", "0000:15:01.0"}, RootComplex: "pci0000:15",
+		UpstreamBridges: []string{"0000:17:00.0", "0000:16:00.0", "0000:15:01.0"}, PCIeRoot: "pci0000:15",
 	}, dev(t, s, "0000:18:00.1"))
 
 	pf := dev(t, s, "0000:dc:00.0")

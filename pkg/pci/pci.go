@@ -37,10 +37,15 @@ type Function struct {
 	Netdevs      []string
 	Representors []string
 	IOMMUGroup   string
-	// Bridges are the upstream PCI bridges, nearest first; RootComplex is the
-	// "pciDDDD:BB" host bridge directory.
-	Bridges     []string
-	RootComplex string
+	// Bridges are the upstream PCI bridges, nearest first.
+	Bridges []string
+	// PCIeRoot is the PCIe root complex the function hangs off, as the
+	// Kubernetes standard device attribute resource.kubernetes.io/pcieRoot
+	// has it: the host bridge directory "pci<domain>:<bus>" ("pci0000:15")
+	// that its path starts with below <sys>/devices. "" when the path
+	// starts otherwise (a root complex under devices/platform/…), where
+	// k8s.io/dynamic-resource-allocation/deviceattribute finds none either.
+	PCIeRoot string
 	// SysfsPath is the resolved directory of the function under the root.
 	SysfsPath string
 
@@ -122,7 +127,7 @@ var representorRE = regexp.MustCompile(`^(c[0-9]+)?pf[0-9]+(vf|sf)[0-9]+$`)
 func IsRepresentor(physPortName string) bool { return representorRE.MatchString(physPortName) }
 
 // upstream splits a resolved device path into its bridges (nearest first)
-// and the host bridge directory.
+// and its PCIe root (see Function.PCIeRoot).
 func upstream(sys, dir string) ([]string, string) {
 	rel, err := filepath.Rel(filepath.Join(sys, "devices"), dir)
 	if err != nil || strings.HasPrefix(rel, "..") {
@@ -138,5 +143,9 @@ func upstream(sys, dir string) ([]string, string) {
 			bridges = append(bridges, parts[i])
 		}
 	}
-	return bridges, parts[0]
+	root := parts[0]
+	if !strings.HasPrefix(root, "pci") {
+		root = ""
+	}
+	return bridges, root
 }

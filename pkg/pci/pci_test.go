@@ -37,7 +37,7 @@ func TestScanDGX(t *testing.T) {
 	require.False(t, pf.IsVF())
 	require.Equal(t, []string{"ibp24s0"}, pf.Netdevs)
 	require.Equal(t, []string{"0000:17:00.0", "0000:16:00.0", "0000:15:01.0"}, pf.Bridges)
-	require.Equal(t, "pci0000:15", pf.RootComplex)
+	require.Equal(t, "pci0000:15", pf.PCIeRoot)
 	require.Equal(t, "", pf.PhysFn)
 
 	vf := m["0000:18:00.3"]

@@ -133,7 +133,7 @@ func (s *Scanner) resolve(bus sysfs.Dir, addr string) (*Function, error) {
 		return nil, fmt.Errorf("pci %s: link points outside %s/devices, to %s", addr, s.sys, path)
 	}
 	f := &Function{Address: addr, NUMANode: -1, SysfsPath: path}
-	f.Bridges, f.RootComplex = upstream(s.sys, path)
+	f.Bridges, f.PCIeRoot = upstream(s.sys, path)
 	return f, nil
 }
 

@@ -36,7 +36,7 @@ func distance(g *pci.Function, d *nic.Device) int {
 		}
 	}
 	switch {
-	case g.RootComplex != "" && g.RootComplex == d.RootComplex:
+	case g.PCIeRoot != "" && g.PCIeRoot == d.PCIeRoot:
 		return distRoot
 	case g.NUMANode >= 0 && g.NUMANode == d.NUMANode:
 		return distNUMA

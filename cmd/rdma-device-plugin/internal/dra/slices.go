@@ -58,10 +58,10 @@ var pcieRootPattern = regexp.MustCompile(`^pci[0-9a-f]{4,}:[0-9a-f]{2}$`)
 // that discovery read, which is what deviceattribute's own lookup returns
 // (TestPCIeRootMatchesDeviceAttribute compares the two on every fixture).
 func PCIeRoot(d *nic.Device) string {
-	if !pcieRootPattern.MatchString(d.RootComplex) {
+	if !pcieRootPattern.MatchString(d.PCIeRoot) {
 		return ""
 	}
-	return d.RootComplex
+	return d.PCIeRoot
 }
 
 // health is what the driver knows about one device's usability.
