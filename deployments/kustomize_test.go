@@ -67,7 +67,7 @@ func TestKustomizationsDecode(t *testing.T) {
 		}
 		return err
 	}))
-	require.ElementsMatch(t, []string{".", "components/cdi", "nfd"}, dirs)
+	require.ElementsMatch(t, []string{".", "components/cdi", "nfd", "components/dra"}, dirs)
 	for _, d := range dirs {
 		if kustomization(t, d).Kind == kustypes.KustomizationKind {
 			render(t, d)

@@ -23,8 +23,11 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -82,17 +85,29 @@ type manifests struct {
 	pods             []*corev1.Pod
 	nads             []*NetworkAttachmentDefinition
 	nodeFeatureRules []*nfdv1alpha1.NodeFeatureRule
+	// The DRA component's (components/dra, dra_test.go).
+	clusterRoles      []*rbacv1.ClusterRole
+	clusterRoleBinds  []*rbacv1.ClusterRoleBinding
+	admissionPolicies []*admissionv1.ValidatingAdmissionPolicy
+	policyBindings    []*admissionv1.ValidatingAdmissionPolicyBinding
+	deviceClasses     []*resourcev1.DeviceClass
+	claims            []*resourcev1.ResourceClaim
+	claimTemplates    []*resourcev1.ResourceClaimTemplate
 }
 
 // yamlFiles lists the manifests: the YAML files of deployments/ and its
 // subdirectories (examples/, nfd/), but not the kustomizations
-// (kustomize_test.go renders those).
+// (kustomize_test.go renders those) nor components/dra (patches and DRA
+// examples: dra_test.go checks them).
 func yamlFiles(t *testing.T) []string {
 	t.Helper()
 	var files []string
 	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		if d.IsDir() && p == "components/dra" {
+			return filepath.SkipDir
 		}
 		if !d.IsDir() && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) && d.Name() != kustomizationFile {
 			files = append(files, p)
@@ -186,6 +201,27 @@ func decodeDocument(doc []byte, m *manifests) error {
 	case "nfd.k8s-sigs.io/v1alpha1 NodeFeatureRule":
 		o := &nfdv1alpha1.NodeFeatureRule{}
 		m.nodeFeatureRules, obj = append(m.nodeFeatureRules, o), o
+	case "rbac.authorization.k8s.io/v1 ClusterRole":
+		o := &rbacv1.ClusterRole{}
+		m.clusterRoles, obj = append(m.clusterRoles, o), o
+	case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+		o := &rbacv1.ClusterRoleBinding{}
+		m.clusterRoleBinds, obj = append(m.clusterRoleBinds, o), o
+	case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":
+		o := &admissionv1.ValidatingAdmissionPolicy{}
+		m.admissionPolicies, obj = append(m.admissionPolicies, o), o
+	case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
+		o := &admissionv1.ValidatingAdmissionPolicyBinding{}
+		m.policyBindings, obj = append(m.policyBindings, o), o
+	case "resource.k8s.io/v1 DeviceClass":
+		o := &resourcev1.DeviceClass{}
+		m.deviceClasses, obj = append(m.deviceClasses, o), o
+	case "resource.k8s.io/v1 ResourceClaim":
+		o := &resourcev1.ResourceClaim{}
+		m.claims, obj = append(m.claims, o), o
+	case "resource.k8s.io/v1 ResourceClaimTemplate":
+		o := &resourcev1.ResourceClaimTemplate{}
+		m.claimTemplates, obj = append(m.claimTemplates, o), o
 	default:
 		return fmt.Errorf("unexpected apiVersion %q kind %q", tm.APIVersion, tm.Kind)
 	}
