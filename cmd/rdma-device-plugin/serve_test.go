@@ -37,7 +37,8 @@ var (
 )
 
 // binary builds rdma-device-plugin once per test run, as the Dockerfile
-// does: static, trimmed paths, no symbol table or DWARF.
+// does: static, trimmed paths, no symbol table or DWARF, and gRPC without
+// golang.org/x/net/trace (make's BUILDTAGS).
 func binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -47,7 +48,7 @@ func binary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "rdma-device-plugin")
-		cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-ldflags", "-s -w", "-o", binPath, ".")
+		cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", binPath, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -123,6 +124,9 @@ type daemonOpts struct {
 	// dropCaps runs it as the DaemonSet does: no capabilities at all (an
 	// empty bounding set, so root gets none on exec) and no_new_privs.
 	dropCaps bool
+	// hostNetns runs it in the test's network namespace also as root
+	// (no `ip netns exec` in front of it).
+	hostNetns bool
 }
 
 func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
@@ -143,7 +147,7 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 		// Not the machine's kubelet, if it has one.
 		"--pod-resources-socket", filepath.Join(base, "pod-resources.sock")}
 	args = append(args, o.args...)
-	if os.Geteuid() == 0 {
+	if os.Geteuid() == 0 && !o.hostNetns {
 		// A network namespace of its own: the daemon's netlink link
 		// subscription then sees only the links a test puts there, not
 		// the VF stand-ins other packages' tests create and delete in
@@ -315,6 +319,8 @@ func TestServeFixtureHost(t *testing.T) {
 	}
 	require.Len(t, pfs, 8, "one VF per rail: %v", pref.ContainerResponses[0].DeviceIDs)
 
+	// Ready: registered, and the CDI specs (written right after) are there.
+	require.Eventually(t, func() bool { code, _ := d.get("/readyz"); return code == http.StatusOK }, 10*time.Second, 10*time.Millisecond)
 	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"0000:18:00.1"}}}})
 	require.NoError(t, err)
 	cr := resp.ContainerResponses[0]

@@ -17,6 +17,8 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
 // The benchmarks below drive the Manager over real gRPC on unix sockets
@@ -29,18 +31,22 @@ import (
 // container: request, validation, DeviceSpecs, env, device-info files
 // written (0444, temp file + rename), response. The percentiles cover at
 // least 1000 calls; calls beyond b.N are made with the timer stopped.
-// Target: p99 < 1 ms.
+// host=dgx is the DGX H100 fixture; host=vfs1024 a generated host of 8 PFs
+// with 128 VFs each, all 1024 in the exclusive pool: Allocate must not
+// grow with the host. Target: p99 < 1 ms.
 func BenchmarkAllocate(b *testing.B) {
 	for _, tc := range []struct {
-		name string
-		ids  []string
+		name  string
+		pools func(testing.TB) []pool.Pool
+		ids   []string
 	}{
-		{"vfs=1", []string{"0000:18:00.1"}},
+		{"host=dgx/vfs=1", dgxPools, []string{"0000:18:00.1"}},
 		// A rail-optimised 8-GPU pod: one VF on each rail.
-		{"vfs=8", fixture.DGXRailVFs(0)},
+		{"host=dgx/vfs=8", dgxPools, fixture.DGXRailVFs(0)},
+		{"host=vfs1024/vfs=1", largePools, []string{fixture.VFAddress(0x10, 0)}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			h := newHarness(b, nil, dgxPools(b)...)
+			h := newHarness(b, nil, tc.pools(b)...)
 			h.run()
 			h.registered("mellanox.com/rails", "mellanox.com/storage")
 			rails := h.client("mellanox.com_rails.sock")
@@ -66,6 +72,56 @@ func BenchmarkAllocate(b *testing.B) {
 			latency.Measure(b, call)
 		})
 	}
+}
+
+var (
+	largeOnce  sync.Once
+	largeRoot  string
+	largeErr   error
+	largeSnap  *nic.Snapshot
+	largePFs   = 8
+	largeVFsPF = 128
+)
+
+// largePools are the pools of a generated host of 8 PFs with 128 VFs each
+// (generated once per test binary, removed by TestMain): the 1024 VFs as
+// the rails pool (exclusive, spread), the 8 PFs as the storage pool
+// (shared).
+func largePools(tb testing.TB) []pool.Pool {
+	tb.Helper()
+	largeOnce.Do(func() {
+		if largeRoot, largeErr = os.MkdirTemp("", "fastpath-plugin-host-"); largeErr != nil {
+			return
+		}
+		if largeErr = fixture.Generate(largeRoot, largePFs, largeVFsPF); largeErr != nil {
+			return
+		}
+		largeSnap, largeErr = nic.NewScanner(largeRoot).Scan()
+	})
+	if largeErr != nil {
+		tb.Fatalf("generate a %dx%d-VF host: %v", largePFs, largeVFsPF, largeErr)
+	}
+	rails := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "rails", Kind: pool.Exclusive, AllocationPolicy: pool.PolicySpread, NCCLEnv: true}}
+	storage := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "storage", Kind: pool.Shared, RdmaHcaMax: 63}}
+	for _, d := range largeSnap.Devices {
+		if d.IsVF() {
+			rails.Devices = append(rails.Devices, d)
+		} else {
+			storage.Devices = append(storage.Devices, d)
+		}
+	}
+	if len(rails.Devices) != largePFs*largeVFsPF {
+		tb.Fatalf("%d VFs, want %d", len(rails.Devices), largePFs*largeVFsPF)
+	}
+	return []pool.Pool{rails, storage}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if largeRoot != "" {
+		os.RemoveAll(largeRoot)
+	}
+	os.Exit(code)
 }
 
 // rail0 are the VFs of the DGX fixture's PF ibp24s0.

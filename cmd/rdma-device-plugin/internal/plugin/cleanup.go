@@ -1,5 +1,51 @@
 package plugin
 
+import (
+	"runtime/debug"
+
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
+)
+
+// afterFirstRegistration does what a start puts off until the kubelet
+// knows the pools, so that it does not delay them: each pool's CDI spec
+// (until it is written Allocate returns DeviceSpecs and no CDI names), the
+// leftovers of a killed run, and giving the first scan's garbage back to
+// the OS.
+func (m *Manager) afterFirstRegistration() {
+	m.registeredOnce = true
+	for r, s := range m.servers {
+		v := s.served()
+		if v.cdi = m.writeCDISpec(r, &v.pool); v.cdi {
+			s.setServed(v)
+		}
+	}
+	m.removeLeftovers()
+	m.releaseMemory()
+	m.settle()
+	close(m.firstRound)
+}
+
+// writeCDISpec writes a pool's CDI spec and reports whether Allocate may
+// hand out CDI names for it: without its spec they would fail the
+// container.
+func (m *Manager) writeCDISpec(r string, p *pool.Pool) bool {
+	if m.cdi == nil {
+		return false
+	}
+	ok, err := m.cdi.write(p, m.rdmaCM, m.opts.NodeRoot)
+	if err != nil {
+		m.log.Error("write CDI spec; Allocate returns no CDI device names for the pool", "resource", r, "err", err)
+	}
+	return ok
+}
+
+// releaseMemory gives the garbage of a scan back to the OS.
+func (m *Manager) releaseMemory() {
+	if m.opts.ReleaseMemory {
+		debug.FreeOSMemory()
+	}
+}
+
 // removeLeftovers deletes the device-info files and CDI specs that an
 // earlier run killed before its shutdown left behind.
 func (m *Manager) removeLeftovers() {

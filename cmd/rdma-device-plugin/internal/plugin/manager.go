@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"sort"
 	"sync"
 	"time"
@@ -111,6 +110,10 @@ type Manager struct {
 	kubeletGone bool
 	// registered are the resources registered with that kubelet.
 	registered map[string]bool
+	// registeredOnce is set once the first registration round is over:
+	// what apply defers until then is done; firstRound is closed then.
+	registeredOnce bool
+	firstRound     chan struct{}
 	// status is what the Run goroutine last published for the probes.
 	status probeStatus
 
@@ -154,7 +157,7 @@ func NewManager(opts Options) (*Manager, error) {
 	return &Manager{
 		opts: opts, log: opts.Log, devInfo: newDevInfoStore(opts.DevInfoDir), cdi: cdi,
 		servers: map[string]*server{}, pools: map[string]pool.Pool{}, links: map[string]linkState{}, watched: map[string]bool{}, vfOfNetdev: map[string]string{},
-		registered: map[string]bool{}, allocated: map[string]bool{},
+		registered: map[string]bool{}, allocated: map[string]bool{}, firstRound: make(chan struct{}),
 	}, nil
 }
 
@@ -186,7 +189,6 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 	}
 
 	m.apply(scan)
-	m.removeLeftovers()
 	ticker := newTicker(scan.Interval)
 	m.interval = scan.Interval
 	defer ticker.stop()
@@ -198,8 +200,10 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 			retry.Reset(m.opts.RetryInterval)
 		}
 	}
-	m.releaseMemory() // before the kubelet is told: it lists devices next
+	// Registration first: the scan's garbage, the CDI specs and the
+	// device-info leftovers wait until the kubelet knows the pools.
 	schedule(m.reconcile(ctx))
+	m.afterFirstRegistration()
 	// A starting kubelet empties the directory and then creates
 	// kubelet.sock: a burst of events. They are let settle and answered
 	// with one reconcile, so that a late event of the burst does not
@@ -286,12 +290,6 @@ func (m *Manager) rescan(ctx context.Context, reload bool, t *ticker) {
 	m.reconcile(ctx)
 }
 
-func (m *Manager) releaseMemory() {
-	if m.opts.ReleaseMemory {
-		debug.FreeOSMemory()
-	}
-}
-
 // apply diffs a scan against the running servers: removed resources stop,
 // new ones are created (and started by reconcile), changed ones push a new
 // device list.
@@ -356,14 +354,8 @@ func (m *Manager) apply(scan Scan) {
 		p := next[r]
 		slots := buildSlots(&p, m.healthy)
 		v := served{pool: p, rdmaCM: m.rdmaCM}
-		if m.cdi != nil {
-			// Without its spec a pool's CDI names would fail the
-			// container: Allocate returns them only once it is written.
-			ok, err := m.cdi.write(&p, m.rdmaCM, m.opts.NodeRoot)
-			if err != nil {
-				m.log.Error("write CDI spec; Allocate returns no CDI device names for the pool", "resource", r, "err", err)
-			}
-			v.cdi = ok
+		if m.registeredOnce {
+			v.cdi = m.writeCDISpec(r, &p)
 		}
 		m.pools[r] = p
 		s, ok := m.servers[r]

@@ -32,7 +32,8 @@ var _ LinkSource = (*NetlinkLinks)(nil)
 // without it the subscription fails with EPERM. Joining the group and a
 // plain dump need no capability. The subscription is made first and its
 // events are delivered after the list, so a change made while the list is
-// read is applied after it: the last state delivered is the kernel's.
+// read is applied after it: the last state delivered is the kernel's. A
+// list that fails is told to OnError and ends the stream.
 func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) {
 	updates := make(chan netlink.LinkUpdate, 256)
 	done := make(chan struct{})
@@ -49,11 +50,6 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 	if err := netlink.LinkSubscribeWithOptions(updates, done, opts); err != nil {
 		return nil, fmt.Errorf("netlink: subscribe to link updates: %w", err)
 	}
-	existing, err := n.list()
-	if err != nil {
-		close(done)
-		return nil, fmt.Errorf("netlink: list links: %w", err)
-	}
 	out := make(chan LinkEvent, 64)
 	go func() {
 		defer close(out)
@@ -65,6 +61,16 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 			case <-ctx.Done():
 				return false
 			}
+		}
+		// Listed here, not before Subscribe returns: a node with many
+		// links (a veth per pod) takes a while to dump, and a start
+		// need not wait for it.
+		existing, err := n.list()
+		if err != nil {
+			if n.OnError != nil && ctx.Err() == nil {
+				n.OnError(fmt.Errorf("netlink: list links: %w", err))
+			}
+			return
 		}
 		for _, l := range existing {
 			if !send(linkEvent(l.Attrs(), false)) {

@@ -123,6 +123,13 @@ func (h *harness) run() {
 	first, err := h.opts.Scan(false)
 	require.NoError(h.t, err)
 	go func() { h.errc <- m.Run(ctx, first) }()
+	// What a start puts off until after registration (CDI specs, an
+	// earlier run's leftovers) is done before the tests look.
+	select {
+	case <-m.firstRound:
+	case <-time.After(10 * time.Second):
+		h.t.Fatal("the manager's first round did not end within 10 s")
+	}
 	h.t.Cleanup(func() { h.stop() })
 }
 

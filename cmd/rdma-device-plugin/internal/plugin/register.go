@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"syscall"
 
 	"google.golang.org/grpc"
@@ -101,17 +102,27 @@ func (m *Manager) reconcileOnce(ctx context.Context) bool {
 	}
 	defer conn.Close()
 	client := pluginapi.NewRegistrationClient(conn)
-	ok := true
-	for _, r := range todo {
+	// The pools register at once: each Register is a round trip to the
+	// kubelet, and a start waits for the last.
+	errs := make([]error, len(todo))
+	var wg sync.WaitGroup
+	for i, r := range todo {
 		p := m.pools[r]
-		rctx, cancel := context.WithTimeout(ctx, m.opts.RegisterTimeout)
-		_, err := client.Register(rctx, &pluginapi.RegisterRequest{
-			Version:      pluginapi.Version,
-			Endpoint:     SocketName(p.Prefix, p.Name),
-			ResourceName: r,
-			Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, m.opts.RegisterTimeout)
+			defer cancel()
+			_, errs[i] = client.Register(rctx, &pluginapi.RegisterRequest{
+				Version:      pluginapi.Version,
+				Endpoint:     SocketName(p.Prefix, p.Name),
+				ResourceName: r,
+				Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+			})
 		})
-		cancel()
+	}
+	wg.Wait()
+	ok := true
+	for i, r := range todo {
+		p, err := m.pools[r], errs[i]
 		m.opts.Metrics.registered(r, err)
 		if err != nil {
 			m.log.Warn("register with kubelet failed; will retry", "resource", r, "err", err)

@@ -143,6 +143,13 @@ func (s *server) stop() {
 	}
 }
 
+// setServed replaces what the server hands out, its device list kept.
+func (s *server) setServed(v served) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.v = v
+}
+
 // served is what the server hands out now.
 func (s *server) served() served {
 	s.mu.Lock()

@@ -17,6 +17,7 @@ import (
 type probeStatus struct {
 	mu         sync.Mutex // guards the fields below
 	started    bool       // the first scan is applied
+	settled    bool       // and what a start puts off after registration is done
 	served     int        // pools served to the kubelet
 	registered int        // of those, registered with the current kubelet
 }
@@ -29,6 +30,12 @@ func (m *Manager) publish() {
 	m.status.registered = len(m.registered)
 }
 
+func (m *Manager) settle() {
+	m.status.mu.Lock()
+	defer m.status.mu.Unlock()
+	m.status.settled = true
+}
+
 func (m *Manager) counts() (started bool, served, registered int) {
 	m.status.mu.Lock()
 	defer m.status.mu.Unlock()
@@ -36,11 +43,15 @@ func (m *Manager) counts() (started bool, served, registered int) {
 }
 
 // Ready is the readiness check: nil once every pool the Manager serves is
-// registered with the kubelet. Safe to call from any goroutine.
+// registered with the kubelet and what a start puts off until then (CDI
+// specs) is done. Safe to call from any goroutine.
 func (m *Manager) Ready() error {
 	started, served, registered := m.counts()
+	m.status.mu.Lock()
+	settled := m.status.settled
+	m.status.mu.Unlock()
 	switch {
-	case !started:
+	case !started || !settled:
 		return errors.New("starting")
 	case registered < served:
 		return fmt.Errorf("%d of %d pools registered with the kubelet", registered, served)

@@ -39,8 +39,7 @@ func TestCharDevicesGone(t *testing.T) {
 	h.registered("mellanox.com/rails")
 	w := h.watch(h.client("mellanox.com_rails.sock"))
 	require.Len(t, w.next().Devices, 32)
-	require.NoError(t, h.m.Healthy())
-	require.NoError(t, h.m.Ready())
+	require.Eventually(t, func() bool { return h.m.Healthy() == nil && h.m.Ready() == nil }, 5*time.Second, 10*time.Millisecond)
 
 	// One VF's uverbs goes.
 	ib := filepath.Join(host, "dev", "infiniband")
