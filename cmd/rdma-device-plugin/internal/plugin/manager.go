@@ -176,18 +176,6 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 	defer fw.close()
 	defer m.shutdown()
 
-	linkCtx, stopLinks := context.WithCancel(ctx)
-	defer stopLinks()
-	var links <-chan LinkEvent
-	if m.opts.Links != nil {
-		var err error
-		links, err = m.opts.Links.Subscribe(linkCtx)
-		if err != nil {
-			m.log.Warn("netlink unavailable; health follows periodic rescans only", "err", err)
-			links = nil
-		}
-	}
-
 	m.apply(scan)
 	ticker := newTicker(scan.Interval)
 	m.interval = scan.Interval
@@ -200,9 +188,24 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 			retry.Reset(m.opts.RetryInterval)
 		}
 	}
-	// Registration first: the scan's garbage, the CDI specs and the
-	// device-info leftovers wait until the kubelet knows the pools.
+	// Registration first: the link subscription (its dump of every link
+	// in the netns, a veth per pod on a busy node), the scan's garbage,
+	// the CDI specs and the device-info leftovers wait until the kubelet
+	// knows the pools. Link events are only ever read below, after the
+	// first reconcile, so subscribing here loses none that matters: the
+	// dump says how every link is now.
 	schedule(m.reconcile(ctx))
+	linkCtx, stopLinks := context.WithCancel(ctx)
+	defer stopLinks()
+	var links <-chan LinkEvent
+	if m.opts.Links != nil {
+		var err error
+		links, err = m.opts.Links.Subscribe(linkCtx)
+		if err != nil {
+			m.log.Warn("netlink unavailable; health follows periodic rescans only", "err", err)
+			links = nil
+		}
+	}
 	m.afterFirstRegistration()
 	// A starting kubelet empties the directory and then creates
 	// kubelet.sock: a burst of events. They are let settle and answered
