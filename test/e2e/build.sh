@@ -10,7 +10,7 @@
 # Usage: test/e2e/build.sh        (WORK, K8S_VERSION, CONTAINERD_VERSION,
 #                                  CNI_PLUGINS_VERSION override the defaults)
 set -euo pipefail
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Static binaries, like upstream's release builds. GOFLAGS from the caller
 # (CI sets -mod=readonly for this repo) must not leak into the scratch
@@ -21,59 +21,87 @@ export CGO_ENABLED=0 GOFLAGS=
 fresh() { [[ -f $WORK/stamps/$1 && $(<"$WORK/stamps/$1") == "$2" ]]; }
 stamp() { mkdir -p "$WORK/stamps" && echo "$2" >"$WORK/stamps/$1"; }
 
-# build_kubelet builds k8s.io/kubernetes/cmd/kubelet in a scratch module.
-# k8s.io/kubernetes requires its staging modules (k8s.io/api, client-go, …)
-# at v0.0.0 and replaces them with ./staging/… directories, which a module
-# that requires k8s.io/kubernetes does not see; so the scratch module
-# replaces every staging module that kubernetes requires with its published
-# v0.X.Y tag. Modules only listed in kubernetes' replace block
-# (sample-controller, …) are not published, so they are left out.
-build_kubelet() {
-	if fresh kubelet "$K8S_VERSION" && [[ -x $WORK/bin/kubelet ]]; then
-		log "kubelet $K8S_VERSION: cached"
+# k8s_module prepares $WORK/k8s-build, a scratch module that builds
+# components of k8s.io/kubernetes at $K8S_VERSION. k8s.io/kubernetes
+# requires its staging modules (k8s.io/api, client-go, …) at v0.0.0 and
+# replaces them with ./staging/… directories, which a module that requires
+# k8s.io/kubernetes does not see; so the scratch module replaces every
+# staging module that kubernetes requires with its published v0.X.Y tag.
+# Modules only listed in kubernetes' replace block (sample-controller, …)
+# are not published, so they are left out. One module for every component
+# (kubelet, API server, …): they share one go.sum and one build cache.
+k8s_module() {
+	local staging_version=v0.${K8S_VERSION#v1.} mod=$WORK/k8s-build
+	if fresh k8s-module "$K8S_VERSION" && [[ -f $mod/go.sum ]]; then
 		return
 	fi
-	local staging_version=v0.${K8S_VERSION#v1.} mod=$WORK/kubelet-build t0
+	rm -rf "$mod" && mkdir -p "$mod"
+	(
+		cd "$mod"
+		# A go.mod first, so that `go mod download` below runs in this module
+		# and not in the repo's, whose go.mod is two levels up.
+		echo "module k8sbuild" >go.mod
+		local kgomod
+		kgomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+		[[ -f $kgomod ]] || die "k8s.io/kubernetes@$K8S_VERSION: no go.mod from the module proxy"
+		{
+			echo "module k8sbuild"
+			echo
+			echo "go $(awk '$1 == "go" { print $2; exit }' "$kgomod")"
+			echo
+			echo "require k8s.io/kubernetes $K8S_VERSION"
+			echo
+			echo "replace ("
+			local m
+			sed -n '/^replace (/,/^)/p' "$kgomod" | awk '$3 ~ /^\.\/staging\// { print $1 }' | while read -r m; do
+				if grep -qE "^[[:space:]]+$m v0\.0\.0" "$kgomod"; then
+					printf '\t%s => %s %s\n' "$m" "$m" "$staging_version"
+				fi
+			done
+			echo ")"
+		} >go.mod
+		{
+			echo "//go:build tools"
+			echo
+			echo "package k8sbuild"
+			echo
+			echo "import ("
+			local c
+			for c in $K8S_COMPONENTS; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done
+			echo ")"
+		} >tools.go
+		go mod tidy
+	)
+	stamp k8s-module "$K8S_VERSION"
+}
+
+# build_k8s STAMP COMPONENT... builds k8s.io/kubernetes/cmd/COMPONENT into
+# $WORK/bin, static, in one go build (packages they share compile once).
+# Skipped when $WORK/stamps/STAMP names $K8S_VERSION and the binaries exist.
+build_k8s() {
+	local name=$1 c t0 have=1
+	shift
+	for c in "$@"; do [[ -x $WORK/bin/$c ]] || have=; done
+	if fresh "$name" "$K8S_VERSION" && [[ -n $have ]]; then
+		log "$* $K8S_VERSION: cached"
+		return
+	fi
 	t0=$(date +%s.%N)
-	log "kubelet $K8S_VERSION: building (staging modules at $staging_version)"
-	rm -rf "$mod" && mkdir -p "$mod" "$WORK/bin"
-	cd "$mod"
-	# A go.mod first, so that `go mod download` below runs in this module and
-	# not in the repo's, whose go.mod is two levels up.
-	echo "module kubeletbuild" >go.mod
-	local kgomod
-	kgomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-	[[ -f $kgomod ]] || die "k8s.io/kubernetes@$K8S_VERSION: no go.mod from the module proxy"
-	{
-		echo "module kubeletbuild"
-		echo
-		echo "go $(awk '$1 == "go" { print $2; exit }' "$kgomod")"
-		echo
-		echo "require k8s.io/kubernetes $K8S_VERSION"
-		echo
-		echo "replace ("
-		local m
-		sed -n '/^replace (/,/^)/p' "$kgomod" | awk '$3 ~ /^\.\/staging\// { print $1 }' | while read -r m; do
-			if grep -qE "^[[:space:]]+$m v0\.0\.0" "$kgomod"; then
-				printf '\t%s => %s %s\n' "$m" "$m" "$staging_version"
-			fi
-		done
-		echo ")"
-	} >go.mod
-	cat >tools.go <<'EOF'
-//go:build tools
-
-package kubeletbuild
-
-import _ "k8s.io/kubernetes/cmd/kubelet"
-EOF
-	go mod tidy
-	go build -trimpath \
+	log "$* $K8S_VERSION: building (staging modules at v0.${K8S_VERSION#v1.})"
+	k8s_module
+	mkdir -p "$WORK/bin"
+	local pkgs=()
+	for c in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+	(cd "$WORK/k8s-build" && go build -trimpath \
 		-ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" \
-		-o "$WORK/bin/kubelet" k8s.io/kubernetes/cmd/kubelet
-	cd "$REPO"
-	stamp kubelet "$K8S_VERSION"
-	log "kubelet $K8S_VERSION: built in $(elapsed "$t0")s: $("$WORK/bin/kubelet" --version)"
+		-o "$WORK/bin/" "${pkgs[@]}")
+	stamp "$name" "$K8S_VERSION"
+	log "$* $K8S_VERSION: built in $(elapsed "$t0")s"
+}
+
+build_kubelet() {
+	build_k8s kubelet kubelet
+	log "$("$WORK/bin/kubelet" --version)"
 }
 
 # build_containerd installs containerd, ctr and the runc v2 shim. Their
@@ -171,4 +199,7 @@ main() {
 	log "build done in $(elapsed "$t0")s"
 }
 
-main "$@"
+# Sourced by test/e2e-cluster/build.sh for its functions; run, it builds.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+	main "$@"
+fi

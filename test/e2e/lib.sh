@@ -4,7 +4,7 @@
 # Layout under $WORK (default $REPO/.e2e-work, git-ignored):
 #   bin/            kubelet, containerd, ctr, the runc shim, our binaries; kept between runs
 #   cni-plugins/    CNI reference plugins; kept between runs
-#   kubelet-build/  scratch Go module that builds the kubelet (never this repo's go.mod)
+#   k8s-build/      scratch Go module that builds the kubelet and the control plane (never this repo's go.mod)
 #   image/          the locally built pause image (OCI layout tar)
 #   run/            one run's state and logs; wiped when the next run starts
 
@@ -15,6 +15,9 @@ RUN=$WORK/run
 
 # Pinned versions of what the test builds from the Go module proxy.
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
+# What the k8s-build module covers: make e2e builds the kubelet, make
+# e2e-cluster the rest, from one go.sum.
+K8S_COMPONENTS="kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl"
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 CNI_PLUGINS_VERSION=${CNI_PLUGINS_VERSION:-v1.10.0}
 
@@ -93,3 +96,82 @@ running() {
 	local f=$RUN/pids/$1
 	[[ -f $f ]] && kill -0 "$(<"$f")" 2>/dev/null
 }
+
+# ------------------------------------------------------------ test results
+# pass/fail/skip record one line of the PASS/FAIL table the test prints at
+# the end (summary, in each run.sh).
+
+RESULTS=()
+FAILED=0
+
+pass() {
+	RESULTS+=("PASS:    $*")
+	log "PASS: $*"
+}
+fail() {
+	RESULTS+=("FAIL:    $*")
+	log "FAIL: $*"
+	FAILED=1
+}
+skip() {
+	RESULTS+=("SKIPPED: $*")
+	log "SKIPPED: $*"
+}
+
+# check DESCRIPTION CMD... records PASS or FAIL and goes on: later checks
+# still tell something. Steps that later ones depend on use require.
+check() {
+	local what=$1
+	shift
+	if "$@"; then
+		pass "$what"
+	else
+		fail "$what"
+	fi
+}
+
+# expect DESCRIPTION WANT GOT compares two strings, like check.
+expect() {
+	if [[ $2 == "$3" ]]; then
+		pass "$1: $3"
+	else
+		fail "$1: want '$2', got '$3'"
+	fi
+}
+
+# require DESCRIPTION TIMEOUT CMD... waits for CMD; when it never succeeds
+# the run stops here (later steps depend on it), with the logs' tails.
+require() {
+	local what=$1 timeout=$2
+	shift 2
+	if wait_for "$timeout" "$what" "$@"; then
+		pass "$what"
+		return 0
+	fi
+	fail "$what (within ${timeout}s)"
+	show_logs
+	exit 1
+}
+
+show_logs() {
+	local f
+	for f in "$RUN"/logs/*.log; do
+		[[ -f $f ]] || continue
+		echo "---- last lines of $f" >&2
+		tail -n 25 "$f" >&2
+	done
+}
+
+# same DESCRIPTION FILE CMD... compares CMD's output with FILE, like check;
+# a failure names what was added (+) and removed (-).
+same() {
+	local what=$1 want=$2 got
+	shift 2
+	got=$("$@")
+	if [[ $got == "$(cat "$want" 2>/dev/null)" ]]; then
+		pass "$what"
+	else
+		fail "$what: $(diff <(cat "$want" 2>/dev/null) <(echo -n "$got${got:+$'\n'}") | sed -n 's/^> /+/p; s/^< /-/p' | xargs)"
+	fi
+}
+

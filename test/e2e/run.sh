@@ -50,67 +50,6 @@ if [[ ! -d $REPO/cmd/sriov-cni ]]; then
 	CNI_MODE=bridge NO_SRIOV="cmd/sriov-cni missing"
 fi
 
-RESULTS=()
-FAILED=0
-
-pass() {
-	RESULTS+=("PASS:    $*")
-	log "PASS: $*"
-}
-fail() {
-	RESULTS+=("FAIL:    $*")
-	log "FAIL: $*"
-	FAILED=1
-}
-skip() {
-	RESULTS+=("SKIPPED: $*")
-	log "SKIPPED: $*"
-}
-
-# check DESCRIPTION CMD... records PASS or FAIL and goes on: later checks
-# still tell something. Steps that later ones depend on use require.
-check() {
-	local what=$1
-	shift
-	if "$@"; then
-		pass "$what"
-	else
-		fail "$what"
-	fi
-}
-
-# expect DESCRIPTION WANT GOT compares two strings, like check.
-expect() {
-	if [[ $2 == "$3" ]]; then
-		pass "$1: $3"
-	else
-		fail "$1: want '$2', got '$3'"
-	fi
-}
-
-# require DESCRIPTION TIMEOUT CMD... waits for CMD; when it never succeeds
-# the run stops here (later steps depend on it), with the logs' tails.
-require() {
-	local what=$1 timeout=$2
-	shift 2
-	if wait_for "$timeout" "$what" "$@"; then
-		pass "$what"
-		return 0
-	fi
-	fail "$what (within ${timeout}s)"
-	show_logs
-	exit 1
-}
-
-show_logs() {
-	local f
-	for f in "$RUN"/logs/*.log; do
-		[[ -f $f ]] || continue
-		echo "---- last lines of $f" >&2
-		tail -n 25 "$f" >&2
-	done
-}
-
 # ctr's warnings (cgroup v1 deprecation, on every call) go to its own log.
 ctr() { "$WORK/bin/ctr" --address "$CTRD_SOCK" --namespace k8s.io "$@" 2>>"$RUN/logs/ctr.log"; }
 podres() { "$WORK/bin/podres" --socket "$PODRES_SOCK" "$@"; }
@@ -631,19 +570,6 @@ check_restored() {
 host_sysctls() {
 	local s
 	for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl_get "$s")"; done
-}
-
-# same DESCRIPTION FILE CMD... compares CMD's output with FILE, like check;
-# a failure names what was added (+) and removed (-).
-same() {
-	local what=$1 want=$2 got
-	shift 2
-	got=$("$@")
-	if [[ $got == "$(cat "$want" 2>/dev/null)" ]]; then
-		pass "$what"
-	else
-		fail "$what: $(diff <(cat "$want" 2>/dev/null) <(echo -n "$got${got:+$'\n'}") | sed -n 's/^> /+/p; s/^< /-/p' | xargs)"
-	fi
 }
 
 summary() {
