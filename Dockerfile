@@ -35,8 +35,8 @@ COPY . .
 ENV CGO_ENABLED=0
 ENV VERSION_PKG=github.com/fastpath-k8s/fastpath/internal/version
 ENV LDFLAGS="-s -w -X ${VERSION_PKG}.Version=${VERSION} -X ${VERSION_PKG}.Revision=${REVISION}"
-RUN GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "$LDFLAGS" -o /out/rdma-device-plugin ./cmd/rdma-device-plugin \
- && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags "$LDFLAGS" -o /out/sriov ./cmd/sriov-cni
+RUN GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace -ldflags "$LDFLAGS" -o /out/rdma-device-plugin ./cmd/rdma-device-plugin \
+ && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace -ldflags "$LDFLAGS" -o /out/sriov ./cmd/sriov-cni
 
 # Debian slim rather than distroless: the init container installs the CNI
 # binary with sh, cp and mv (copy to a temporary name, then rename).

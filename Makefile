@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short lint fmt vet bench discover demo e2e image-tar fixtures clean soak fuzz
+.PHONY: all build cross portable test test-short lint fmt vet bench discover demo e2e e2e-cluster image-tar fixtures clean soak fuzz
 
 all: lint build test
 
@@ -71,6 +71,14 @@ discover:
 # the CNI reference plugins into .e2e-work; later runs reuse them.
 e2e:
 	test/e2e/run.sh
+
+# The user's path on a one-node cluster built here (root): etcd, the API
+# server, scheduler and controller-manager, the kubelet and containerd,
+# Multus and whereabouts; deployments/ applied through kubectl apply -k with
+# the image from make image-tar; the seed's and the example training pods.
+# Shares .e2e-work with make e2e. See test/e2e-cluster/README.md.
+e2e-cluster:
+	test/e2e-cluster/run.sh
 
 # The fastpath image without a Docker engine: bin/fastpath-image.tar, for
 # docker load, podman load or ctr -n k8s.io images import. IMAGE= names it.

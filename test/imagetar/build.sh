@@ -64,13 +64,13 @@ PCI_IDS=${PCI_IDS:-$(deb_file pci.ids usr/share/misc/pci.ids)}
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-# The variables --version prints (internal/version, as the Makefile stamps them).
+# As the Makefile builds them: internal/version stamped, gRPC without x/net/trace.
 vpkg=github.com/fastpath-k8s/fastpath/internal/version
 ldflags="-s -w -X $vpkg.Version=$VERSION -X $vpkg.Revision=$REVISION"
 CGO_ENABLED=0 GOOS=linux GOARCH=$GOARCH GOFLAGS=${GOFLAGS:-} \
-	go build -trimpath -ldflags "$ldflags" -o "$stage/rdma-device-plugin" ./cmd/rdma-device-plugin
+	go build -trimpath -tags grpcnotrace -ldflags "$ldflags" -o "$stage/rdma-device-plugin" ./cmd/rdma-device-plugin
 CGO_ENABLED=0 GOOS=linux GOARCH=$GOARCH GOFLAGS=${GOFLAGS:-} \
-	go build -trimpath -ldflags "$ldflags" -o "$stage/sriov" ./cmd/sriov-cni
+	go build -trimpath -tags grpcnotrace -ldflags "$ldflags" -o "$stage/sriov" ./cmd/sriov-cni
 # The tool itself runs here, whatever GOARCH the image is for.
 GOARCH= go build -o "$stage/imagetar" ./test/imagetar
 

@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# make e2e-cluster: the user's path on a one-node cluster built here from
+# upstream sources — etcd, kube-apiserver, controller-manager, scheduler, the
+# kubelet registered as a Node, containerd and runc, Multus (thin plugin)
+# over the reference bridge, whereabouts — with deployments/ applied as
+# shipped through `kubectl apply -k`, the seed's NAD and training pod, and
+# deployments/examples/. The node is the DGX H100 fixture host. See
+# test/e2e-cluster/README.md for what it checks and why.
+#
+# Usage (root): make e2e-cluster   or   test/e2e-cluster/run.sh
+# Env: WORK (default $REPO/.e2e-work, shared with make e2e).
+#
+# Everything it starts is stopped by PID and everything it changes on the
+# host is put back on exit, also when a step fails or on Ctrl-C.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+source "$CLUSTER_DIR/cluster.sh"
+source "$CLUSTER_DIR/checks.sh"
+
+HOST=$RUN/host # copy of the fixture host, with real char devices
+FIXTURE=$REPO/testdata/sysfs/dgx-h100
+CONFIG=$REPO/testdata/config/combined.json # the shipped ConfigMap's (deployments/manifests_test.go)
+RESOURCE=mellanox.com/mlnx_sriov_rdma
+SHARED_RESOURCE=rdma/hca_shared_devices_a
+WANT_VFS=32
+WANT_SHARED=63
+SRIOV_STATE=/var/lib/cni/sriov # the sriov CNI's default stateDir (the NADs set none)
+DEVINFO_DIR=/var/run/k8s.cni.cncf.io/devinfo/dp
+# sysctls the kubelet sets on start; put back on exit.
+KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
+# Host paths the cluster creates outside $WORK (the DaemonSet's hostPaths,
+# the kubelet's root, whereabouts' flat file, the CNI state): removed on exit
+# when they were not there before.
+HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/netns /usr/libexec/kubernetes
+	/opt/cni /etc/cni /run/k8s.cni.cncf.io /var/lib/cni /var/lib/cni/results /var/lib/cni/sriov)
+
+# ---------------------------------------------------------------- preflight
+
+preflight() {
+	if ((EUID != 0)); then
+		echo "SKIPPED: make e2e-cluster needs root (it runs a cluster, containerd and runc, makes device nodes and links)." >&2
+		exit 0
+	fi
+	local missing=() t
+	for t in runc ip nsenter mknod curl jq openssl mountpoint tar sha256sum dpkg-deb apt-get; do
+		command -v "$t" >/dev/null || missing+=("$t")
+	done
+	((${#missing[@]} == 0)) || die "missing tools: ${missing[*]} (Debian: apt-get install runc iproute2 util-linux curl jq openssl coreutils tar dpkg apt)"
+	if [[ -d $RUN/pids || -f $RUN/before/links ]]; then
+		log "cleaning up after an interrupted previous run"
+		cleanup
+	fi
+	# Refuse a node that is one already: the test owns these.
+	[[ ! -S $DP_DIR/kubelet.sock && ! -e $K/pods && ! -e $K/pod-resources ]] ||
+		die "$K is in use (a kubelet runs here?): run on a machine without a kubelet"
+	[[ ! -e /opt/cni/bin/sriov ]] || die "/opt/cni/bin/sriov exists: the DaemonSet would replace it"
+	[[ ! -e /etc/cni/net.d/whereabouts.d ]] || die "/etc/cni/net.d/whereabouts.d exists: whereabouts is configured here"
+	local p
+	for p in $ETCD_PORT $ETCD_PEER_PORT $API_PORT $KCM_PORT $SCHED_PORT $HEALTHZ_PORT $METRICS_PORT; do
+		if (: <"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then die "port $p is in use on 127.0.0.1"; fi
+	done
+}
+
+# snapshot_host records what the test may change, so that cleanup puts back
+# exactly that and the last check tells whether it did.
+snapshot_host() {
+	mkdir -p "$RUN/before"
+	host_links >"$RUN/before/links"
+	host_netns >"$RUN/before/netns"
+	host_cgroups >"$RUN/before/cgroups"
+	host_paths >"$RUN/before/paths"
+	host_sysctls >"$RUN/before/sysctls"
+	iptables_rules >"$RUN/before/iptables"
+	cni_cache >"$RUN/before/cni-cache"
+	sysctl_get net.ipv4.ip_forward >"$RUN/before/ip_forward"
+}
+
+sysctl_get() { cat "/proc/sys/${1//.//}"; }
+sysctl_set() { echo "$2" >"/proc/sys/${1//.//}"; }
+host_links() {
+	ip -o link show | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' |
+		{ grep -E "^(ibp[0-9]+s[0-9]+(v[0-9]+)?|sp[0-9]+s[0-9]+(v[0-9]+)?|$POD_BRIDGE|veth.*)\$" || true; } | sort
+}
+host_netns() { ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ { print $1 }' | sort; }
+host_mounts() { awk -v w="$WORK/" -v k="$K" 'index($5, w) == 1 || $5 == k || index($5, k "/") == 1 { print $5 }' /proc/self/mountinfo | sort; }
+host_paths() {
+	local p
+	for p in "${HOST_PATHS[@]}"; do [[ -e $p ]] && echo "$p"; done
+	return 0
+}
+host_cgroups() {
+	local d
+	for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+		[[ -d $d ]] && find "$d" -mindepth 1 -maxdepth 1 -type d 2>/dev/null
+	done | sort
+}
+host_sysctls() {
+	local s
+	for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl_get "$s")"; done
+}
+# cni_cache lists libcni's result cache, where containerd keeps each
+# attachment until its DEL succeeds.
+cni_cache() { find /var/lib/cni/results -mindepth 1 2>/dev/null | sort; }
+# iptables_rules lists the host's rules when iptables is installed.
+iptables_rules() {
+	if command -v iptables-save >/dev/null; then iptables-save 2>/dev/null | grep -v '^#' | sed 's/\[[0-9:]*\]//'; fi
+	return 0
+}
+
+# ------------------------------------------------------------------- setup
+
+# setup_host copies the fixture host with real char devices (1:3, as make
+# e2e does), and stands in for its netdevs: a veth pair per VF netdev of
+# the pool (ibp24s0v0 …, peer sp24s0v0 …) and per PF netdev (ibp24s0 …,
+# peer sp24s0 …), whose link state the device plugin follows.
+setup_host() {
+	mkdir -p "$RUN"
+	cp -a "$FIXTURE" "$HOST"
+	local f
+	for f in "$HOST"/dev/infiniband/*; do
+		rm -f "$f"
+		mknod -m 0666 "$f" c 1 3
+	done
+	"$WORK/bin/rdma-device-plugin" discover --host-root "$HOST" --config "$CONFIG" -o json >"$RUN/discover.json"
+	check "discover on the fixture copy finds $WANT_VFS VFs in $RESOURCE" \
+		test "$(jq --arg r "$RESOURCE" '[.pools[] | select(.resource == $r) | .devices[]] | length' "$RUN/discover.json")" = "$WANT_VFS"
+
+	local vf name peer pf
+	: >"$RUN/standins"
+	: >"$RUN/pf-standins"
+	for vf in $(jq -r --arg r "$RESOURCE" '.pools[] | select(.resource == $r) | .devices[]' "$RUN/discover.json"); do
+		name=$(vf_field "$vf" netdev)
+		peer=s${name#ib}
+		wait_names_free "$name" "$peer"
+		echo "$name $peer" >>"$RUN/standins"
+		ip link add "$name" type veth peer name "$peer"
+		ip link set "$peer" up
+		echo "$vf $name $peer $(<"/sys/class/net/$name/address")" >>"$RUN/standins.mac"
+		pf=$(vf_field "$(vf_field "$vf" pfAddress)" netdev)
+		if ! grep -qx "$pf" "$RUN/pf-standins"; then
+			# A veth pair (the kernel may lack dummy): up with its peer up.
+			wait_names_free "$pf" "s${pf#ib}"
+			echo "$pf" >>"$RUN/pf-standins"
+			ip link add "$pf" type veth peer name "s${pf#ib}"
+			ip link set "s${pf#ib}" up
+			ip link set "$pf" up
+		fi
+	done
+	log "stand-ins: $(wc -l <"$RUN/standins") veth pairs for VFs, $(wc -l <"$RUN/pf-standins") for PFs"
+}
+
+vf_field() { jq -r --arg a "$1" ".devices[] | select(.pciAddress == \$a) | .$2" "$RUN/discover.json"; }
+names_free() { ! ip link show "$1" >/dev/null 2>&1 && ! ip link show "$2" >/dev/null 2>&1; }
+# The CNI's tests briefly make links with these names on a shared machine.
+wait_names_free() {
+	names_free "$1" "$2" || wait_for 60 "no link named $1 or $2 on the host" names_free "$1" "$2" ||
+		die "link $1 or $2 exists on this host; the test would take it over"
+}
+
+# ----------------------------------------------------------------- cleanup
+
+# cleanup stops what the run started, by recorded PID, and puts the host
+# back as snapshot_host found it. Safe to run twice, and after a run that
+# was killed half way.
+cleanup() {
+	set +e
+	# 1. Let the cluster stop the pods, so that containerd runs CNI DEL.
+	if running kube-apiserver && running kubelet; then
+		kubectl delete pods --all -n default --wait=false >/dev/null 2>&1
+		kubectl delete -k "$RUN/deploy" --wait=false >/dev/null 2>&1
+		wait_for 90 "kubelet stopped the pods" no_pod_tasks
+	fi
+	local p
+	for p in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
+	local rroot=$C/runc/k8s.io id
+	if [[ -d $rroot ]]; then
+		for id in $(runc --root "$rroot" list -q 2>/dev/null); do
+			runc --root "$rroot" kill "$id" KILL 2>/dev/null
+			runc --root "$rroot" delete --force "$id" 2>/dev/null
+		done
+	fi
+	stop containerd
+	for p in /proc/[0-9]*; do
+		if [[ $(readlink "$p/exe" 2>/dev/null) == "$WORK/bin/containerd-shim-runc-v2" ]]; then
+			kill -KILL "${p#/proc/}" 2>/dev/null && log "killed leftover shim ${p#/proc/}"
+		fi
+	done
+	rm -rf "$RUN/pids"
+	# Mounts under $WORK and the kubelet's root (volumes, rootfs), deepest first.
+	local m
+	for m in $(host_mounts | sort -r); do
+		umount "$m" 2>/dev/null || umount -l "$m"
+	done
+	local before=$RUN/before
+	if [[ -f $before/netns ]]; then
+		for m in $(comm -13 "$before/netns" <(host_netns)); do
+			ip netns delete "$m" && log "deleted leftover netns $m"
+		done
+	fi
+	local name peer
+	if [[ -f $RUN/standins ]]; then
+		while read -r name peer; do
+			ip link del "$name" 2>/dev/null || ip link del "$peer" 2>/dev/null
+		done <"$RUN/standins"
+	fi
+	if [[ -f $RUN/pf-standins ]]; then
+		while read -r name; do ip link del "$name" 2>/dev/null; done <"$RUN/pf-standins"
+	fi
+	ip link del "$POD_BRIDGE" 2>/dev/null
+	find /var/log/containers -maxdepth 1 -lname "$WORK/*" -delete 2>/dev/null
+	if [[ -f $before/paths ]]; then
+		for p in "${HOST_PATHS[@]}"; do
+			grep -qxF "$p" "$before/paths" && continue
+			if [[ $p == /run/netns ]]; then
+				[[ -z $(ls -A /run/netns 2>/dev/null) ]] || continue
+				mountpoint -q /run/netns && umount /run/netns
+			fi
+			rm -rf "$p"
+		done
+	fi
+	if [[ -f $before/cgroups ]]; then
+		for m in $(comm -13 "$before/cgroups" <(host_cgroups)); do
+			find "$m" -depth -type d -exec rmdir {} + 2>/dev/null
+		done
+	fi
+	if [[ -f $before/sysctls ]]; then
+		local kv
+		while read -r kv; do
+			[[ $(sysctl_get "${kv%%=*}") == "${kv#*=}" ]] || sysctl_set "${kv%%=*}" "${kv#*=}"
+		done <"$before/sysctls"
+	fi
+	rm -rf "$C/root" "$C/state" "$C/runc" "$HOST" "$RUN/etcd"
+	set -e
+}
+
+# check_restored compares the host with the snapshot taken at the start.
+check_restored() {
+	local before=$RUN/before p left=
+	for p in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
+		[[ -f $RUN/pids/$p ]] && left+=" $p"
+	done
+	check "no process of the run left" test -z "$left"
+	same "links named as stand-ins, the pod bridge or veths as before" "$before/links" host_links
+	same "pod netns (cni-*) as before" "$before/netns" host_netns
+	same "no mounts left under $WORK or $K" /dev/null host_mounts
+	same "cgroups (kubepods) as before" "$before/cgroups" host_cgroups
+	same "${HOST_PATHS[*]}: as before" "$before/paths" host_paths
+	same "sysctls the kubelet sets are back" "$before/sysctls" host_sysctls
+	same "CNI result cache (/var/lib/cni/results) as before: every DEL succeeded" "$before/cni-cache" cni_cache
+	same "iptables rules as before (no masquerade, no kube chains)" "$before/iptables" iptables_rules
+	same "net.ipv4.ip_forward as before (no gateway on the pod bridge)" "$before/ip_forward" sysctl_get net.ipv4.ip_forward
+}
+
+summary() {
+	local r
+	echo
+	echo "==== fastpath e2e-cluster (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, Multus $MULTUS_VERSION, whereabouts $WHEREABOUTS_VERSION) ===="
+	for r in "${RESULTS[@]}"; do echo "$r"; done
+	if ((FAILED)); then
+		echo "==== FAIL (logs: $RUN/logs) ===="
+	else
+		echo "==== PASS ===="
+	fi
+}
+
+on_exit() {
+	local rc=$?
+	trap - EXIT INT TERM
+	if [[ -f $RUN/before/links ]]; then
+		log "cleaning up"
+		cleanup
+		check_restored || true
+		rm -rf "$RUN/before"
+	fi
+	((rc == 0)) || fail "the run stopped early (exit status $rc)"
+	summary
+	((FAILED == 0)) || exit 1
+}
+
+main() {
+	local t0
+	t0=$(date +%s.%N)
+	preflight
+	"$CLUSTER_DIR/build.sh"
+	log "build step: $(elapsed "$t0")s"
+	t0=$(date +%s.%N)
+	rm -rf "$RUN"
+	mkdir -p "$RUN/logs"
+	trap on_exit EXIT
+	trap 'exit 130' INT TERM
+	snapshot_host
+	setup_host
+	make_pki
+	start_etcd
+	start_apiserver
+	start_controllers
+	setup_cni_identities
+	write_cni_conf
+	start_containerd
+	write_kubelet_config
+	start_kubelet
+	test_deploy
+	test_seed_pod
+	test_examples
+	test_link_down
+	test_plugin_restart
+	test_kubelet_restart
+	test_delete
+	log "test steps done in $(elapsed "$t0")s"
+}
+
+main "$@"
