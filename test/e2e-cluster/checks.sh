@@ -73,26 +73,26 @@ write_overlay() {
 # here): the image (the one make image-tar built, in containerd) and the
 # host root (the fixture's /sys and /dev/infiniband instead of the node's).
 test_deploy() {
+	# The DaemonSet's hostPath volumes of the node's sysfs and devices, as
+	# shipped: each becomes the same path under the fixture host.
+	local host_volumes
+	host_volumes=$(kubectl kustomize "$REPO/deployments" | kubectl create --dry-run=client -o json -f - |
+		jq -s -c --arg h "$HOST" '[.[] | select(.kind == "DaemonSet") | .spec.template.spec.volumes[]
+			| select(.hostPath.path // "" | test("^/(sys|dev)(/|$)")) | {name, hostPath: {path: ($h + .hostPath.path)}}]')
+	check "the DaemonSet mounts the node's sysfs and devices ($host_volumes)" \
+		jq -e 'map(.hostPath.path) | any(endswith("/sys")) and any(test("/dev(/infiniband)?$"))' <<<"$host_volumes"
 	write_overlay "$RUN/deploy" "$(realpath --relative-to="$RUN/deploy" "$REPO/deployments")" <<EOF
 images:
   - name: ghcr.io/fastpath-k8s/fastpath
     newName: ${FASTPATH_IMAGE%:*}
     newTag: "${FASTPATH_IMAGE##*:}"
 patches:
-  # The fixture host stands for the node: its sysfs and /dev/infiniband go
-  # where the DaemonSet mounts the node's, and --node-root tells the plugin
-  # where they are on the node (the device paths it hands the kubelet).
+  # The fixture host stands for the node: its sys and dev go where the
+  # DaemonSet mounts the node's, and --node-root tells the plugin where they
+  # are on the node (the device paths it hands the kubelet).
   - target: {kind: DaemonSet, name: $DS}
-    patch: |-
-      apiVersion: apps/v1
-      kind: DaemonSet
-      metadata: {name: $DS, namespace: $DS_NS}
-      spec:
-        template:
-          spec:
-            volumes:
-              - {name: sys, hostPath: {path: $HOST/sys}}
-              - {name: dev-infiniband, hostPath: {path: $HOST/dev/infiniband}}
+    patch: '{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "$DS", "namespace": "$DS_NS"},
+      "spec": {"template": {"spec": {"volumes": $host_volumes}}}}'
   - target: {kind: DaemonSet, name: $DS}
     patch: |-
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: --node-root=$HOST}
