@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
+	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
@@ -121,12 +121,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return unavailable("state dir: %v", err)
 	}
-	f, err := os.CreateTemp(store.dir, ".status-*")
-	if err != nil {
+	// access(2), not a probe file: nothing for a kill to leave behind.
+	if err := unix.Access(store.dir, unix.W_OK); err != nil {
 		return unavailable("state dir %s is not writable: %v", store.dir, err)
 	}
-	f.Close()
-	os.Remove(f.Name())
 	if c.RDMAIsolation {
 		mode, err := p.RDMA.NetnsMode()
 		if err != nil {

@@ -114,3 +114,19 @@ type failingPodResources struct{}
 func (failingPodResources) Devices(context.Context, string, string, string) ([]string, error) {
 	return nil, types.NewError(types.ErrTryAgainLater, "kubelet restarting", "")
 }
+
+// STATUS says the plugin cannot serve ADDs while its state dir cannot be
+// written, and leaves no file there to check it.
+func TestStatusStateDir(t *testing.T) {
+	u := newUnit(t)
+	require.NoError(t, u.p.Status(u.args(u.conf(""), "")))
+	require.Empty(t, ls(t, u.stateDir))
+	if os.Geteuid() == 0 {
+		t.Skip("root writes to a 0500 directory")
+	}
+	require.NoError(t, os.Chmod(u.stateDir, 0o500))
+	defer os.Chmod(u.stateDir, 0o700)
+	err := u.p.Status(u.args(u.conf(""), ""))
+	require.Equal(t, uint(types.ErrPluginNotAvailable), CNIError(err).Code)
+	require.ErrorContains(t, err, "is not writable")
+}
