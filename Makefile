@@ -116,8 +116,8 @@ soak:
 	@if [ "$$(id -u)" != 0 ]; then echo "make soak needs root: it kills the plugins mid-step on veth stand-ins in network namespaces (sudo make soak)"; exit 2; fi
 	mkdir -p $(BIN) && rm -f $(SOAK_REPORT)
 	FASTPATH_SOAK=long FASTPATH_SOAK_DURATION=$(SOAK_DURATION) FASTPATH_SOAK_REPORT=$(abspath $(SOAK_REPORT)) \
-		$(GO) test -p 1 -count=1 -timeout 180m -run '^TestSoak' $(PKGS)
-	@echo "soak figures:"; cat $(SOAK_REPORT)
+		$(GO) test -p 1 -count=1 -timeout 180m -run '^TestSoak' $(PKGS); \
+	rc=$$?; echo "soak figures:"; cat $(SOAK_REPORT) 2>/dev/null; exit $$rc
 
 # Regenerate the committed fixture hosts from internal/fixture.
 fixtures:
