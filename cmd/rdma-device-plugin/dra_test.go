@@ -62,7 +62,7 @@ current-context: c
 	for _, d := range []string{pluginDir, registryDir} {
 		require.NoError(t, os.MkdirAll(d, 0o755))
 	}
-	d := startDaemonWith(t, daemonOpts{host: fixture("dgx-h100"), config: config("dra.json"), args: []string{
+	d := startDaemonWith(t, daemonOpts{host: fixture("dgx-h100"), config: config("dra.json"), dra: true, args: []string{
 		"--kubeconfig", kubeconfig, "--node-name", "node-a", "--dra-plugin-dir", pluginDir,
 		"--dra-registry-dir", registryDir, "--dra-cdi-dir", filepath.Join(base, "cdi")}})
 	d.registrations("rdma/hca_shared_devices_a")

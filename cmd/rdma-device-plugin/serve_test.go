@@ -30,40 +30,57 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 
+// builtBinary is one build of the daemon, made once per test binary.
+type builtBinary struct {
+	tags string
+	once sync.Once
+	path string
+	err  error
+}
+
 var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
+	// leanBinary is what the default DaemonSet runs: no DRA.
+	leanBinary = &builtBinary{tags: "nodra,grpcnotrace"}
+	// draBinary is rdma-device-plugin-dra: DRA linked in.
+	draBinary = &builtBinary{tags: "grpcnotrace"}
 )
 
-// binary builds rdma-device-plugin once per test run, as the Dockerfile
-// does: static, trimmed paths, no symbol table or DWARF, and gRPC without
-// golang.org/x/net/trace (make's BUILDTAGS).
-func binary(t testing.TB) string {
+// build builds rdma-device-plugin as the Dockerfile does: static, trimmed
+// paths, no symbol table or DWARF, gRPC without golang.org/x/net/trace
+// (make's BUILDTAGS).
+func (b *builtBinary) build(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "fastpath-dp-bin-")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		binPath = filepath.Join(dir, "rdma-device-plugin")
-		cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", binPath, ".")
+		b.path = filepath.Join(dir, "rdma-device-plugin")
+		cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-tags", b.tags, "-ldflags", "-s -w", "-o", b.path, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build -tags %s: %v: %s", b.tags, err, out)
 		}
 	})
-	require.NoError(t, buildErr)
-	return binPath
+	require.NoError(t, b.err)
+	return b.path
 }
+
+func (b *builtBinary) remove() {
+	if b.path != "" {
+		os.RemoveAll(filepath.Dir(b.path))
+	}
+}
+
+// binary is the lean daemon (-tags nodra), which the tests and
+// benchmarks of the device plugin run.
+func binary(t testing.TB) string { return leanBinary.build(t) }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	leanBinary.remove()
+	draBinary.remove()
 	if benchHost != "" {
 		os.RemoveAll(benchHost)
 	}
@@ -127,12 +144,17 @@ type daemonOpts struct {
 	// hostNetns runs it in the test's network namespace also as root
 	// (no `ip netns exec` in front of it).
 	hostNetns bool
+	// dra runs the build with DRA linked in (rdma-device-plugin-dra).
+	dra bool
 }
 
 func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 	t.Helper()
 	host, config := o.host, o.config
 	bin := binary(t)
+	if o.dra {
+		bin = draBinary.build(t)
+	}
 	base := t.TempDir()
 	d := &daemon{
 		t: t, dir: filepath.Join(base, "kubelet"), devinfo: filepath.Join(base, "devinfo"), cdi: filepath.Join(base, "cdi"),
