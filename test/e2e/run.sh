@@ -431,6 +431,7 @@ test_pod_network() {
 
 registrations() { metric fastpath_device_plugin_registrations_total "resource=\"$RESOURCE\",result=\"ok\""; }
 registered_again() { (($(registrations) > REGS)); }
+pod_listed() { [[ -n $(podres list --pod "$POD_NS/$STATIC_POD" --resource "$RESOURCE") ]]; }
 
 # test_kubelet_restart restarts the kubelet while the pod runs: the kubelet
 # empties the device-plugins dir on start, our plugin must notice the new
@@ -444,6 +445,10 @@ test_kubelet_restart() {
 	# them before the plugin is back; wait for the registration first.
 	require "device plugin registered again after the kubelet restart" 60 registered_again
 	require "$RESOURCE advertised again after the kubelet restart" 60 advertised
+	# The restarted kubelet lists a static pod in PodResources only once its
+	# pod manager has read the manifest again: wait for the pod to be listed
+	# (bounded), then it must hold the same VF as before.
+	wait_for 30 "pod listed in PodResources again" pod_listed || true
 	expect "pod keeps its VF across the kubelet restart" "$VF" \
 		"$(podres list --pod "$POD_NS/$STATIC_POD" --resource "$RESOURCE" | cut -f4)"
 	expect "pod's container survives the kubelet restart (same PID)" "$pid_before" "$(app_pid || true)"
