@@ -193,21 +193,65 @@ func (d Dir) list(name string, getdents func(fd int, buf []byte) (int, error)) (
 	return names, nil
 }
 
-// appendNames decodes linux_dirent64 records, skipping "." and "..".
+// appendNames decodes linux_dirent64 records, skipping "." and "..". The
+// names of one buffer share one string (two allocations, not one per
+// name: a scan lists about ten thousand entries).
 func appendNames(names []string, b []byte) []string {
-	for len(b) >= 19 {
-		reclen := int(*(*uint16)(unsafe.Pointer(&b[16])))
-		if reclen < 19 || reclen > len(b) {
+	size := 0
+	for r := b; len(r) >= 19; {
+		name, reclen := dirent(r)
+		if reclen == 0 {
 			break
 		}
-		nameBytes := b[19:reclen]
-		if i := bytes.IndexByte(nameBytes, 0); i >= 0 {
-			nameBytes = nameBytes[:i]
+		if !dotOrDotDot(name) {
+			size += len(name)
 		}
-		if name := string(nameBytes); name != "." && name != ".." {
-			names = append(names, name)
+		r = r[reclen:]
+	}
+	blob := make([]byte, 0, size)
+	start := len(names)
+	for r := b; len(r) >= 19; {
+		name, reclen := dirent(r)
+		if reclen == 0 {
+			break
 		}
-		b = b[reclen:]
+		if !dotOrDotDot(name) {
+			blob = append(blob, name...)
+			names = append(names, "") // filled below, once blob is a string
+		}
+		r = r[reclen:]
+	}
+	all := unsafe.String(unsafe.SliceData(blob), len(blob)) // blob is not written again
+	off := 0
+	for r, i := b, start; len(r) >= 19; {
+		name, reclen := dirent(r)
+		if reclen == 0 {
+			break
+		}
+		if !dotOrDotDot(name) {
+			names[i] = all[off : off+len(name)]
+			off += len(name)
+			i++
+		}
+		r = r[reclen:]
 	}
 	return names
+}
+
+// dirent returns the name of the linux_dirent64 record at the start of b
+// and the record's length; 0 for a record that does not fit.
+func dirent(b []byte) ([]byte, int) {
+	reclen := int(*(*uint16)(unsafe.Pointer(&b[16])))
+	if reclen < 19 || reclen > len(b) {
+		return nil, 0
+	}
+	name := b[19:reclen]
+	if i := bytes.IndexByte(name, 0); i >= 0 {
+		name = name[:i]
+	}
+	return name, reclen
+}
+
+func dotOrDotDot(name []byte) bool {
+	return len(name) == 1 && name[0] == '.' || len(name) == 2 && name[0] == '.' && name[1] == '.'
 }

@@ -70,22 +70,21 @@ func isMellanox(vendor string) bool { return vendor == pci.VendorMellanox }
 // devices of each function are read while its directory is open, in the
 // PCI scan's parallel workers.
 func (s *Scanner) Scan() (*Snapshot, error) {
-	// /dev/infiniband is listed while the class directories are read.
+	// The RDMA class directories and /dev/infiniband are read while the
+	// PCI scan lists the bus and reads the functions' IDs: each listing
+	// is a long run of system calls that leaves the other CPUs idle. A
+	// function's RDMA devices are read once the class index is there.
+	var idx *rdma.ScanIndex
 	var nodes rdma.DevNodes
-	var nodesErr error
-	listed := make(chan struct{})
+	var idxErr, nodesErr error
+	indexed := make(chan struct{})
 	go func() {
-		defer close(listed)
-		nodes, nodesErr = s.rdma.DevNodes()
+		defer close(indexed)
+		var wg sync.WaitGroup
+		wg.Go(func() { nodes, nodesErr = s.rdma.DevNodes() })
+		idx, idxErr = s.rdma.ScanIndex(2 * runtime.GOMAXPROCS(0))
+		wg.Wait()
 	}()
-	idx, err := s.rdma.ScanIndex(2 * runtime.GOMAXPROCS(0))
-	<-listed
-	if err != nil {
-		return nil, err
-	}
-	if nodesErr != nil {
-		return nil, nodesErr
-	}
 	var mu sync.Mutex // guards rdmaOf and pfs
 	rdmaOf := map[string][]rdma.Device{}
 	pfs := map[string]sriov.PF{}
@@ -103,6 +102,10 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		if f.Driver == "" || f.Driver == pci.DriverVFIO {
 			return nil
 		}
+		<-indexed
+		if idxErr != nil {
+			return idxErr
+		}
 		devs, err := s.rdma.DevicesForScan(dir, f.Address, idx)
 		if err != nil {
 			return fmt.Errorf("pci %s: %w", f.Address, err)
@@ -112,10 +115,18 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		mu.Unlock()
 		return nil
 	})
+	<-indexed
 	if err != nil {
 		return nil, err
 	}
+	if idxErr != nil {
+		return nil, idxErr
+	}
+	if nodesErr != nil {
+		return nil, nodesErr
+	}
 	snap := &Snapshot{Devices: make([]Device, 0, len(fns))}
+	models := map[[8]byte]string{}
 	byAddr := make(map[string]*pci.Function, len(fns))
 	for i := range fns {
 		byAddr[fns[i].Address] = &fns[i]
@@ -146,7 +157,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 			}
 			devs[0].CharDevices = class[devs[0].Name]
 		}
-		d, warns := s.device(f, pf, pfs[f.Address], vfIndex, devs, nodes)
+		d, warns := s.device(f, pf, pfs[f.Address], vfIndex, devs, nodes, models)
 		snap.Devices = append(snap.Devices, d)
 		snap.Warnings = append(snap.Warnings, warns...)
 		hasRDMA = hasRDMA || d.RDMADevice != ""
@@ -201,17 +212,18 @@ func (s *Scanner) Device(addr string) (Device, error) {
 	if err != nil {
 		return Device{}, err
 	}
-	d, _ := s.device(&f, pf, sr, vfIndex, devs, nodes)
+	d, _ := s.device(&f, pf, sr, vfIndex, devs, nodes, nil)
 	return d, nil
 }
 
 // device joins what was read about one function: f, its PF (VFs), its
 // own SR-IOV capability sr (PFs), its index under its PF (VFs, -1 when
-// its PF does not list it) and its RDMA devices.
-func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []rdma.Device, nodes rdma.DevNodes) (Device, []string) {
+// its PF does not list it) and its RDMA devices, which it takes over.
+// models, when not nil, keeps the model names a scan has looked up.
+func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []rdma.Device, nodes rdma.DevNodes, models map[[8]byte]string) (Device, []string) {
 	d := Device{
 		PCIAddress: f.Address, Vendor: f.Vendor, DeviceID: f.Device, Class: f.Class,
-		Model: s.names.Model(f.Vendor, f.Device), Driver: f.Driver, NUMANode: f.NUMANode,
+		Model: s.model(f.Vendor, f.Device, models), Driver: f.Driver, NUMANode: f.NUMANode,
 		PFAddress: f.PhysFn, VFIndex: vfIndex, TotalVFs: sr.TotalVFs, NumVFs: sr.NumVFs,
 		UpstreamBridges: f.Bridges, PCIeRoot: f.PCIeRoot,
 		CharDevices: []rdma.CharDevice{}, LinkType: classLinkType(f),
@@ -275,6 +287,11 @@ func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []r
 		d.LinkType = ll
 	}
 	hasUverbs := false
+	// r's char devices are this device's alone: keep the present ones in
+	// place.
+	if len(r.CharDevices) > 0 {
+		d.CharDevices = r.CharDevices[:0:len(r.CharDevices)]
+	}
 	for _, c := range r.CharDevices {
 		if !nodes.Has(c.Path) {
 			warn("%s: %s is in sysfs but missing under %s", r.Name, c.Path, filepath.Join(s.root, rdma.DevDir))
@@ -299,4 +316,21 @@ func classLinkType(f *pci.Function) string {
 		return rdma.LinkLayerEthernet
 	}
 	return ""
+}
+
+// model is the model name of vendor:device, looked up once per scan in
+// models (when not nil).
+func (s *Scanner) model(vendor, device string, models map[[8]byte]string) string {
+	if models == nil || len(vendor) != 4 || len(device) != 4 {
+		return s.names.Model(vendor, device)
+	}
+	var k [8]byte
+	copy(k[:4], vendor)
+	copy(k[4:], device)
+	m, ok := models[k]
+	if !ok {
+		m = s.names.Model(vendor, device)
+		models[k] = m
+	}
+	return m
 }

@@ -18,8 +18,19 @@ import (
 // so one readlink per entry tells which function owns it: cheaper, on a
 // node with thousands of VFs, than listing <sub> below every function.
 // Entries below something else (virtual devices, auxiliary devices such as
-// ice.roce.0) are not in the map.
-type ClassLinks map[string][]string
+// ice.roce.0) are not in the map. Keys are the addresses' bytes, so that
+// reading a class makes no string per owner; look up with Of.
+type ClassLinks map[[12]byte][]string
+
+// Of returns the entries below the function at addr.
+func (c ClassLinks) Of(addr string) []string {
+	if len(addr) != 12 {
+		return nil
+	}
+	var k [12]byte
+	copy(k[:], addr)
+	return c[k]
+}
 
 // ReadClassLinks reads <sys>/class/<class>, whose entries live in the <sub>
 // directory of their parent device ("net" for class net). A missing class
@@ -35,19 +46,37 @@ func ReadClassLinks(sys, class, sub string, workers int) (ClassLinks, error) {
 // read instead of name's. ib_umad, for one, makes umadN and issmN for the
 // same port with the same parent.
 func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(name string) string) (ClassLinks, error) {
+	links, _, err := readClassLinks(sys, class, sub, workers, sibling, false)
+	return links, err
+}
+
+// ownerDirs are the directories of the functions that own class entries,
+// by address: "<sys>/devices/pci0000:15/…/0000:18:00.1", as the entries'
+// links give them.
+type ownerDirs map[[12]byte]string
+
+// readClassLinks is ReadClassLinksSharing, also returning the owners'
+// directories when dirs is set.
+func readClassLinks(sys, class, sub string, workers int, sibling func(name string) string, dirs bool) (ClassLinks, ownerDirs, error) {
 	dir, err := sysfs.Open(filepath.Join(sys, "class", class))
 	if errors.Is(err, fs.ErrNotExist) {
-		return ClassLinks{}, nil
+		return ClassLinks{}, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list class %s: %w", class, err)
+		return nil, nil, fmt.Errorf("list class %s: %w", class, err)
 	}
 	defer dir.Close()
 	names, err := dir.List(".")
 	if err != nil {
-		return nil, fmt.Errorf("list class %s: %w", class, err)
+		return nil, nil, fmt.Errorf("list class %s: %w", class, err)
 	}
-	owners := make([]string, len(names))
+	// owners[i] is the PCI address that names[i] hangs below, zero for
+	// none: kept as bytes until the map is made, one string per owner.
+	owners := make([][12]byte, len(names))
+	var paths []string // with dirs, each entry's owner's directory
+	if dirs {
+		paths = make([]string, len(names))
+	}
 	// shared[i] is the index of the listed entry whose owner names[i]
 	// takes, or -1 to read its own link.
 	shared := make([]int, len(names))
@@ -85,7 +114,14 @@ func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(nam
 				}
 				// A link that vanished mid-scan has no owner.
 				if n, err := dir.ReadlinkTo(names[i], buf[:]); err == nil {
-					owners[i] = ownerOf(buf[:n], sub, names[i])
+					if o := ownerOf(buf[:n], sub, names[i]); o != nil {
+						owners[i] = [12]byte(o)
+						if dirs {
+							// ../../devices/<path>/<addr>/<sub>/<name>
+							end := n - len(sub) - len(names[i]) - 2
+							paths[i] = sys + "/devices/" + string(buf[len(devicesPrefix):end])
+						}
+					}
 				}
 			}
 		}(lo, hi)
@@ -96,13 +132,46 @@ func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(nam
 			owners[i] = owners[j]
 		}
 	}
-	out := make(ClassLinks, len(names))
-	for i, o := range owners {
-		if o != "" {
-			out[o] = append(out[o], names[i]) // names are sorted, so each list is
+	// Each owner's names are a clipped window of one slice, in the order
+	// of names: sorted.
+	var none [12]byte
+	count := make(map[[12]byte]int, len(names))
+	for _, o := range owners {
+		if o != none {
+			count[o]++
 		}
 	}
-	return out, nil
+	all := make([]string, 0, len(names))
+	out := make(ClassLinks, len(count))
+	start := make(map[[12]byte]int, len(count))
+	for _, o := range owners {
+		if o != none {
+			if _, ok := start[o]; !ok {
+				start[o] = len(all)
+				all = all[:len(all)+count[o]]
+				count[o] = 0
+			}
+		}
+	}
+	for i, o := range owners {
+		if o != none {
+			all[start[o]+count[o]] = names[i]
+			count[o]++
+		}
+	}
+	for o, at := range start {
+		out[o] = all[at : at+count[o] : at+count[o]]
+	}
+	if !dirs {
+		return out, nil, nil
+	}
+	od := make(ownerDirs, len(out))
+	for i, o := range owners {
+		if o != none && paths[i] != "" {
+			od[o] = paths[i]
+		}
+	}
+	return out, od, nil
 }
 
 // ClassLinkInside reports whether target, the target of an entry of
@@ -134,27 +203,27 @@ func classLinkInside(target []byte) bool {
 }
 
 // ownerOf returns the PCI address in "../../devices/…/<addr>/<sub>/<name>",
-// or "" when the link names no PCI function or leaves <sys>/devices.
-func ownerOf(target []byte, sub, name string) string {
+// or nil when the link names no PCI function or leaves <sys>/devices.
+func ownerOf(target []byte, sub, name string) []byte {
 	if !classLinkInside(target) {
-		return ""
+		return nil
 	}
 	rest, ok := bytes.CutSuffix(target, []byte(name))
 	if !ok {
-		return ""
+		return nil
 	}
 	if rest, ok = bytes.CutSuffix(rest, []byte("/")); !ok {
-		return ""
+		return nil
 	}
 	if rest, ok = bytes.CutSuffix(rest, []byte(sub)); !ok {
-		return ""
+		return nil
 	}
 	if rest, ok = bytes.CutSuffix(rest, []byte("/")); !ok {
-		return ""
+		return nil
 	}
 	addr := rest[bytes.LastIndexByte(rest, '/')+1:]
 	if len(addr) != 12 || !ValidAddress(string(addr)) {
-		return ""
+		return nil
 	}
-	return string(addr)
+	return addr
 }

@@ -27,7 +27,7 @@ func TestOwnerOf(t *testing.T) {
 		{"../class/../../devices/pci0000:15/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
 	}
 	for _, tt := range tests {
-		require.Equal(t, tt.want, ownerOf([]byte(tt.target), tt.sub, tt.name), tt.target)
+		require.Equal(t, tt.want, string(ownerOf([]byte(tt.target), tt.sub, tt.name)), tt.target)
 	}
 }
 
@@ -65,7 +65,10 @@ func TestReadClassLinks(t *testing.T) {
 	for _, workers := range []int{0, 1, 3, 8} {
 		links, err := ReadClassLinks(sys, "net", "net", workers)
 		require.NoError(t, err)
-		require.Equal(t, ClassLinks{"0000:01:00.1": {"a0", "b0"}, "0000:02:00.0": {"eth9"}}, links, "workers=%d", workers)
+		require.Equal(t, ClassLinks{key("0000:01:00.1"): {"a0", "b0"}, key("0000:02:00.0"): {"eth9"}}, links, "workers=%d", workers)
+		require.Equal(t, []string{"a0", "b0"}, links.Of("0000:01:00.1"))
+		require.Nil(t, links.Of("0000:01:00.2"))
+		require.Nil(t, links.Of("short"))
 	}
 	links, err := ReadClassLinks(sys, "infiniband", "infiniband", 2)
 	require.NoError(t, err, "a missing class (module not loaded) is empty, not an error")
@@ -95,6 +98,8 @@ func TestReadClassLinksSharing(t *testing.T) {
 	for _, workers := range []int{1, 4} {
 		links, err := ReadClassLinksSharing(sys, "infiniband_mad", "infiniband_mad", workers, umadOf)
 		require.NoError(t, err)
-		require.Equal(t, ClassLinks{a: {"issm0", "umad0"}, b: {"issm1", "umad1"}, c: {"issm7"}}, links, "workers=%d", workers)
+		require.Equal(t, ClassLinks{key(a): {"issm0", "umad0"}, key(b): {"issm1", "umad1"}, key(c): {"issm7"}}, links, "workers=%d", workers)
 	}
 }
+
+func key(addr string) [12]byte { return [12]byte([]byte(addr)) }

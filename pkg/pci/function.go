@@ -1,10 +1,12 @@
 package pci
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
@@ -38,19 +40,20 @@ func (s *Scanner) Function(addr string) (Function, error) {
 
 // read reads everything about the one function at addr.
 func (s *Scanner) read(bus sysfs.Dir, addr string) (*Function, error) {
-	f, err := s.resolve(bus, addr)
-	if err != nil {
+	f := &Function{}
+	if err := s.resolve(bus, f, addr); err != nil {
 		return nil, err
 	}
+	f.Bridges, f.PCIeRoot = upstream(s.sys, filepath.Dir(f.SysfsPath))
 	dir, err := bus.Sub(addr)
 	if err != nil {
 		return nil, fmt.Errorf("pci %s: %w", addr, err)
 	}
 	defer dir.Close()
-	if _, err := f.readIDs(dir, nil); err != nil {
+	if _, err := f.readIDs(dir, nil, nil); err != nil {
 		return nil, err
 	}
-	if err := f.readPhysFn(dir); err != nil {
+	if err := f.readPhysFn(dir, nil); err != nil {
 		return nil, err
 	}
 	f.readIOMMUGroup(dir)
@@ -63,11 +66,28 @@ func (s *Scanner) read(bus sysfs.Dir, addr string) (*Function, error) {
 	return f, nil
 }
 
+// interned makes the strings of a read: a scan worker's keeps each one it
+// has made (IDs and drivers repeat on every VF); nil makes them anew.
+type interned map[string]string
+
+// of returns b as a string.
+func (m interned) of(b []byte) string {
+	if s, ok := m[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	if m != nil {
+		m[s] = s
+	}
+	return s
+}
+
 // readIDs reads vendor, device, class and driver: from uevent, the
 // kernel's one-read summary, or attribute by attribute from a tree without
-// it. It reports false when keep rejects the vendor.
-func (f *Function) readIDs(dir sysfs.Dir, keep func(string) bool) (bool, error) {
-	if f.fromUevent(dir) {
+// it. It reports false when keep rejects the vendor. str makes the
+// strings (a scan worker interns them).
+func (f *Function) readIDs(dir sysfs.Dir, keep func(string) bool, str interned) (bool, error) {
+	if f.fromUevent(dir, str) {
 		return keep == nil || keep(f.Vendor), nil
 	}
 	var err error
@@ -89,16 +109,19 @@ func (f *Function) readIDs(dir sysfs.Dir, keep func(string) bool) (bool, error) 
 	return true, nil
 }
 
-// readPhysFn reads the physfn link a VF has to its PF.
-func (f *Function) readPhysFn(dir sysfs.Dir) error {
-	pf, err := dir.Readlink("physfn")
+// readPhysFn reads the physfn link a VF has to its PF ("../0000:18:00.0").
+func (f *Function) readPhysFn(dir sysfs.Dir, str interned) error {
+	var buf [512]byte
+	n, err := dir.ReadlinkTo("physfn", buf[:])
 	if err != nil {
 		return nil // not a VF
 	}
-	f.PhysFn = filepath.Base(pf)
-	if !ValidAddress(f.PhysFn) {
-		return fmt.Errorf("pci %s: physfn -> %q is not a PCI function", f.Address, pf)
+	pf := buf[:n]
+	base := pf[bytes.LastIndexByte(pf, '/')+1:]
+	if len(base) != 12 || !ValidAddress(string(base)) {
+		return fmt.Errorf("pci %s: physfn -> %q is not a PCI function", f.Address, string(pf))
 	}
+	f.PhysFn = str.of(base)
 	return nil
 }
 
@@ -127,6 +150,10 @@ func (f *Function) readNUMA(dir sysfs.Dir) {
 
 // readNetdevs sorts names (f's netdevs) into Netdevs and Representors.
 func readNetdevs(f *Function, dir sysfs.Dir, names []string) {
+	if f.IsVF() && len(names) == 1 {
+		f.Netdevs = slices.Clip(names) // nothing to sort out, nothing to copy
+		return
+	}
 	for _, name := range names {
 		// Only a PF (switchdev representors of its VFs and SFs) or a
 		// function with several netdevs can carry representors; a VF

@@ -126,24 +126,27 @@ var representorRE = regexp.MustCompile(`^(c[0-9]+)?pf[0-9]+(vf|sf)[0-9]+$`)
 // representor rather than an uplink or a plain netdev.
 func IsRepresentor(physPortName string) bool { return representorRE.MatchString(physPortName) }
 
-// upstream splits a resolved device path into its bridges (nearest first)
-// and its PCIe root (see Function.PCIeRoot).
-func upstream(sys, dir string) ([]string, string) {
-	rel, err := filepath.Rel(filepath.Join(sys, "devices"), dir)
-	if err != nil || strings.HasPrefix(rel, "..") {
+// upstream returns the bridges (nearest first) and the PCIe root (see
+// Function.PCIeRoot) of a function whose directory is below parent, a
+// path below <sys>/devices.
+func upstream(sys, parent string) ([]string, string) {
+	rel, ok := strings.CutPrefix(parent, sys+"/devices/")
+	if !ok || rel == "" {
 		return nil, ""
 	}
-	parts := strings.Split(filepath.ToSlash(rel), "/")
-	if len(parts) < 2 {
-		return nil, ""
-	}
+	root, rest, _ := strings.Cut(rel, "/")
 	var bridges []string
-	for i := len(parts) - 2; i >= 1; i-- {
-		if ValidAddress(parts[i]) {
-			bridges = append(bridges, parts[i])
+	for rest != "" {
+		var elem string
+		if i := strings.LastIndexByte(rest, '/'); i >= 0 {
+			elem, rest = rest[i+1:], rest[:i]
+		} else {
+			elem, rest = rest, ""
+		}
+		if ValidAddress(elem) {
+			bridges = append(bridges, elem)
 		}
 	}
-	root := parts[0]
 	if !strings.HasPrefix(root, "pci") {
 		root = ""
 	}

@@ -253,3 +253,38 @@ func TestIOMMUGroupIsANumber(t *testing.T) {
 		require.Equal(t, want, f.IOMMUGroup, target)
 	}
 }
+
+// A function with a netdev is found where its netdev's class link says,
+// as the kernel makes that link: the scan does not read its bus link too.
+func TestScanDirFromNetdevLink(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, fixture.Generate(root, 1, 1))
+	vf := fixture.VFAddress(0x10, 0)
+	fns, err := pci.New(root).Scan(nil)
+	require.NoError(t, err)
+	want := byAddr(t, fns)[vf]
+	require.NotEmpty(t, want.Netdevs)
+
+	bus := filepath.Join(root, "sys/bus/pci/devices", vf)
+	require.NoError(t, os.Remove(bus))
+	require.NoError(t, os.Symlink(vf, bus)) // a loop: no directory through it
+	fns, err = pci.New(root).Scan(nil)
+	require.NoError(t, err)
+	got := byAddr(t, fns)[vf]
+	require.Equal(t, want.SysfsPath, got.SysfsPath)
+	require.Equal(t, want.Bridges, got.Bridges)
+	require.Equal(t, want.PCIeRoot, got.PCIeRoot)
+	require.Equal(t, want.Netdevs, got.Netdevs)
+	_, err = pci.New(root).Function(vf)
+	require.Error(t, err, "a lookup of the one function goes by its bus link")
+
+	// A netdev link that leaves <sys>/devices is not taken: the bus link
+	// (a loop here) is, and the function is an error of the scan.
+	link := filepath.Join(root, "sys/class/net", want.Netdevs[0])
+	target, err := os.Readlink(link)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(link))
+	require.NoError(t, os.Symlink("../../../outside/"+target[len("../../"):], link))
+	_, err = pci.New(root).Scan(nil)
+	require.Error(t, err)
+}

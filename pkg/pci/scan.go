@@ -1,11 +1,12 @@
 package pci
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"strings"
+	"slices"
 	"sync"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
@@ -26,10 +27,16 @@ type Dir interface {
 	// ReadTo reads into buf, which a caller keeps on its stack.
 	ReadTo(name string, buf []byte) ([]byte, error)
 	Readlink(name string) (string, error)
+	// ReadlinkTo reads a link's target into buf, which a caller keeps
+	// on its stack, and returns its length.
+	ReadlinkTo(name string, buf []byte) (int, error)
 	List(name string) ([]string, error)
 }
 
-var _ Dir = sysfs.Dir{}
+var (
+	_ Dir = sysfs.Dir{}
+	_ Dir = (*sysfs.Dir)(nil)
+)
 
 // Visitor is called for each kept function while its sysfs directory is
 // open, from parallel workers: it may read more below dir but must not
@@ -40,28 +47,40 @@ type Visitor func(f *Function, dir Dir) error
 //
 // A node scan is the hot path of discovery (thousands of VFs, every
 // periodic update), so it reads each function with as few system calls as
-// the kernel's layout allows; see scanOne.
+// the kernel's layout allows (see scanOne) and allocates little: the
+// garbage of a scan costs a 2-CPU node as much as a tenth of its reads.
 func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Function, error) {
 	bus, err := sysfs.Open(s.devicesDir())
 	if err != nil {
 		return nil, fmt.Errorf("list pci devices: %w", err)
 	}
 	defer bus.Close()
+	// The bus listing and the class net links overlap: each is a long
+	// run of system calls on one CPU.
+	var netdevs ClassLinks
+	var netDirs ownerDirs
+	var netErr error
+	listed := make(chan struct{})
+	go func() {
+		defer close(listed)
+		netdevs, netDirs, netErr = readClassLinks(s.sys, "net", "net", s.workers, nil, true)
+	}()
 	entries, err := bus.List(".")
+	<-listed
 	if err != nil {
 		return nil, fmt.Errorf("list pci devices: %w", err)
 	}
-	addrs := make([]string, 0, len(entries))
+	if netErr != nil {
+		return nil, netErr
+	}
+	addrs := entries[:0]
 	for _, e := range entries {
 		if ValidAddress(e) {
 			addrs = append(addrs, e)
 		}
 	}
-	netdevs, err := ReadClassLinks(s.sys, "net", "net", s.workers)
-	if err != nil {
-		return nil, err
-	}
-	fns := make([]*Function, len(addrs))
+	fns := make([]Function, len(addrs))
+	kept := make([]bool, len(addrs))
 	errs := make([]error, len(addrs))
 	var wg sync.WaitGroup
 	// Workers take contiguous chunks: VFs of one PF sit next to each
@@ -70,21 +89,19 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 	chunk := (len(addrs) + s.workers - 1) / s.workers
 	for lo := 0; lo < len(addrs); lo += chunk {
 		hi := min(lo+chunk, len(addrs))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			parents := parentDirs{}
-			defer parents.close()
+		wg.Go(func() {
+			w := newWorker(s, bus, keep, visit, netdevs, netDirs)
+			defer w.close()
 			for i := lo; i < hi; i++ {
-				fns[i], errs[i] = s.scanOne(bus, parents, addrs[i], keep, visit, netdevs)
+				kept[i], errs[i] = w.scanOne(&fns[i], addrs[i])
 			}
-		}()
+		})
 	}
 	wg.Wait()
 
-	out := make([]Function, 0, len(addrs))
+	out := fns[:0]
 	index := make(map[string]int, len(addrs))
-	for i, f := range fns {
+	for i := range fns {
 		if errs[i] != nil {
 			// A function that vanished mid-scan (hot unplug, VFs being
 			// disabled) is not an error of the scan.
@@ -93,12 +110,13 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 			}
 			return nil, errs[i]
 		}
-		if f == nil {
+		if !kept[i] {
 			continue
 		}
-		index[f.Address] = len(out)
-		out = append(out, *f)
+		index[fns[i].Address] = len(out)
+		out = append(out, fns[i]) // in place: len(out) <= i
 	}
+	clear(fns[len(out):])
 	for i := range out {
 		f := &out[i]
 		if f.numaRead {
@@ -119,56 +137,145 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 	return out, nil
 }
 
-// resolve starts a Function for addr from its bus link, resolved and
-// checked before anything is read through it: a link out of the root is
-// refused, not followed. It records the function's directory and the
-// bridges above it.
-func (s *Scanner) resolve(bus sysfs.Dir, addr string) (*Function, error) {
-	target, err := bus.Readlink(addr)
+// busLinkPrefix is how every entry of <sys>/bus/pci/devices points into
+// <sys>/devices.
+const busLinkPrefix = "../../../devices/"
+
+// resolve starts f for addr from its bus link, resolved and checked
+// before anything is read through it: a link out of <sys>/devices (or
+// not as the kernel makes them: relative, no "." or "..") is refused, not
+// followed. It records the function's directory.
+func (s *Scanner) resolve(bus sysfs.Dir, f *Function, addr string) error {
+	var buf [512]byte
+	n, err := bus.ReadlinkTo(addr, buf[:])
 	if err != nil {
-		return nil, fmt.Errorf("pci %s: %w", addr, err)
+		return fmt.Errorf("pci %s: %w", addr, err)
 	}
-	path := filepath.Join(bus.Path(), target)
-	if !strings.HasPrefix(path, filepath.Join(s.sys, "devices")+string(filepath.Separator)) || filepath.Base(path) != addr {
-		return nil, fmt.Errorf("pci %s: link points outside %s/devices, to %s", addr, s.sys, path)
+	target := buf[:n]
+	rest, ok := bytes.CutPrefix(target, []byte(busLinkPrefix))
+	if !ok || !cleanRelative(rest) || len(rest) < len(addr)+1 || string(rest[len(rest)-len(addr)-1:]) != "/"+addr {
+		return fmt.Errorf("pci %s: link points outside %s/devices, to %s", addr, s.sys, filepath.Join(bus.Path(), string(target)))
 	}
-	f := &Function{Address: addr, NUMANode: -1, SysfsPath: path}
-	f.Bridges, f.PCIeRoot = upstream(s.sys, path)
-	return f, nil
+	*f = Function{Address: addr, NUMANode: -1, SysfsPath: s.sys + "/devices/" + string(rest)}
+	return nil
 }
 
-// scanOne reads one function for a node scan; nil, nil when keep rejects
-// its vendor. It resolves and checks the bus link, then reads uevent from
-// the function's parent directory, so a function of another vendor costs
-// a readlink and one file. A VF (it has a physfn link) reads nothing more
-// of its own: ScanEach gives it its PF's NUMA node. Netdevs come from the
-// class links; the IOMMU group is read only for vfio-pci.
-func (s *Scanner) scanOne(bus sysfs.Dir, parents parentDirs, addr string, keep func(string) bool, visit Visitor, netdevs ClassLinks) (*Function, error) {
-	f, err := s.resolve(bus, addr)
+// cleanRelative reports whether p is a relative path with no empty, "."
+// or ".." element.
+func cleanRelative(p []byte) bool {
+	if len(p) == 0 {
+		return false
+	}
+	for len(p) > 0 {
+		elem := p
+		if i := bytes.IndexByte(p, '/'); i >= 0 {
+			elem, p = p[:i], p[i+1:]
+			if len(p) == 0 {
+				return false // a trailing slash
+			}
+		} else {
+			p = nil
+		}
+		if len(elem) == 0 || elem[0] == '.' && (len(elem) == 1 || len(elem) == 2 && elem[1] == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// worker is one scan goroutine's state: the parent directories it has
+// open and what it has worked out about them, and the strings it has
+// already made (IDs and drivers repeat on every VF).
+type worker struct {
+	s       *Scanner
+	bus     sysfs.Dir
+	keep    func(string) bool
+	visit   Visitor
+	netdevs ClassLinks
+	netDirs ownerDirs
+	parents map[string]*parentDir
+	strs    interned
+	// at is the directory visit reads through, passed by pointer: one
+	// allocation per worker, not one per function.
+	at sysfs.Dir
+}
+
+// parentDir is an open parent directory of functions, with the bridges
+// and PCIe root that every function below it shares.
+type parentDir struct {
+	dir      sysfs.Dir
+	bridges  []string
+	pcieRoot string
+}
+
+func newWorker(s *Scanner, bus sysfs.Dir, keep func(string) bool, visit Visitor, netdevs ClassLinks, netDirs ownerDirs) *worker {
+	return &worker{s: s, bus: bus, keep: keep, visit: visit, netdevs: netdevs, netDirs: netDirs,
+		parents: map[string]*parentDir{}, strs: interned{}}
+}
+
+func (w *worker) close() {
+	for _, p := range w.parents {
+		p.dir.Close()
+	}
+}
+
+// parent opens (once) the parent directory at path.
+func (w *worker) parent(path string) (*parentDir, error) {
+	if p, ok := w.parents[path]; ok {
+		return p, nil
+	}
+	d, err := sysfs.Open(path)
 	if err != nil {
 		return nil, err
+	}
+	p := &parentDir{dir: d}
+	p.bridges, p.pcieRoot = upstream(w.s.sys, path)
+	p.bridges = slices.Clip(p.bridges)
+	w.parents[path] = p
+	return p, nil
+}
+
+// scanOne reads one function for a node scan into f; false when keep
+// rejects its vendor. It finds the function's directory, then reads
+// uevent from the function's parent directory, so a function of another
+// vendor costs a readlink and one file. A VF (it has a physfn link) reads
+// nothing more of its own: ScanEach gives it its PF's NUMA node. Netdevs
+// come from the class links; the IOMMU group is read only for vfio-pci.
+//
+// The directory of a function with a netdev is where its netdev's class
+// link says (checked as a bus link is: inside <sys>/devices, ending in the
+// address), which spares the readlink of its bus link; another function's
+// comes from its bus link.
+func (w *worker) scanOne(f *Function, addr string) (bool, error) {
+	if path := w.netDirs[[12]byte([]byte(addr))]; path != "" {
+		*f = Function{Address: addr, NUMANode: -1, SysfsPath: path}
+	} else if err := w.s.resolve(w.bus, f, addr); err != nil {
+		return false, err
 	}
 	// Names below the function are resolved from its parent directory:
 	// two path components per read instead of following the bus link
 	// (seven components on a typical host) every time.
-	parent, err := parents.open(filepath.Dir(f.SysfsPath))
+	parent, err := w.parent(filepath.Dir(f.SysfsPath))
 	if err != nil {
-		return nil, fmt.Errorf("pci %s: %w", addr, err)
+		return false, fmt.Errorf("pci %s: %w", addr, err)
 	}
-	at := parent.At(addr)
-	if ok, err := f.readIDs(at, keep); !ok || err != nil {
-		return nil, err
+	// Siblings share their bridges: a clipped slice, so that appending
+	// to one function's copies it.
+	f.Bridges, f.PCIeRoot = parent.bridges, parent.pcieRoot
+	at := parent.dir.At(addr)
+	if ok, err := f.readIDs(at, w.keep, w.strs); !ok || err != nil {
+		return false, err
 	}
-	if err := f.readPhysFn(at); err != nil {
-		return nil, err
+	if err := f.readPhysFn(at, w.strs); err != nil {
+		return false, err
 	}
 	if !f.IsVF() {
 		// Not a VF: read on through its own directory, which pays for
 		// itself over the several attributes read below it (here and
 		// by visit: a PF's SR-IOV attributes).
-		dir, err := bus.Sub(addr)
+		dir, err := w.bus.Sub(addr)
 		if err != nil {
-			return nil, fmt.Errorf("pci %s: %w", addr, err)
+			return false, fmt.Errorf("pci %s: %w", addr, err)
 		}
 		defer dir.Close()
 		at = dir
@@ -177,33 +284,12 @@ func (s *Scanner) scanOne(bus sysfs.Dir, parents parentDirs, addr string, keep f
 	if f.Driver == DriverVFIO {
 		f.readIOMMUGroup(at)
 	}
-	readNetdevs(f, at, netdevs[addr])
-	if visit != nil {
-		if err := visit(f, at); err != nil {
-			return nil, err
+	readNetdevs(f, at, w.netdevs.Of(addr))
+	if w.visit != nil {
+		w.at = at
+		if err := w.visit(f, &w.at); err != nil {
+			return false, err
 		}
 	}
-	return f, nil
-}
-
-// parentDirs are the parent directories of functions one scan worker has
-// opened, by path.
-type parentDirs map[string]sysfs.Dir
-
-func (p parentDirs) open(path string) (sysfs.Dir, error) {
-	if d, ok := p[path]; ok {
-		return d, nil
-	}
-	d, err := sysfs.Open(path)
-	if err != nil {
-		return d, err
-	}
-	p[path] = d
-	return d, nil
-}
-
-func (p parentDirs) close() {
-	for _, d := range p {
-		d.Close()
-	}
+	return true, nil
 }

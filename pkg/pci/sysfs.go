@@ -73,9 +73,10 @@ func hexDigits(s string, n int) (string, bool) {
 
 // fromUevent fills vendor, device, class and driver from the function's
 // uevent attribute (PCI_ID=15B3:101E, PCI_CLASS=20700, DRIVER=mlx5_core),
-// the kernel's own one-read summary. It reports false when uevent is
-// missing or lacks the IDs, and the caller reads the single attributes.
-func (f *Function) fromUevent(d sysfs.Dir) bool {
+// the kernel's own one-read summary, making its strings with str. It
+// reports false when uevent is missing or lacks the IDs, and the caller
+// reads the single attributes.
+func (f *Function) fromUevent(d sysfs.Dir, str interned) bool {
 	var buf [1024]byte
 	b, err := d.ReadTo("uevent", buf[:])
 	if err != nil {
@@ -103,25 +104,36 @@ func (f *Function) fromUevent(d sysfs.Dir) bool {
 		}
 	}
 	vendor, device, ok := bytes.Cut(id, []byte(":"))
-	if !ok {
+	if !ok || len(vendor) != 4 || len(device) != 4 || len(class) > 6 {
 		return false
 	}
-	var vs, ds, cs string
-	if vs, ok = hexDigits(string(vendor), 4); !ok {
+	var ids [8]byte
+	var cls [8]byte
+	copy(cls[:], "0x000000")
+	copy(cls[8-len(class):], class)
+	if !lowerHex(ids[:4], vendor) || !lowerHex(ids[4:], device) || !lowerHex(cls[2:], cls[2:]) {
 		return false
 	}
-	if ds, ok = hexDigits(string(device), 4); !ok {
-		return false
+	f.Vendor, f.Device, f.Class = str.of(ids[:4]), str.of(ids[4:]), str.of(cls[:])
+	f.Driver = ""
+	if len(driver) > 0 {
+		f.Driver = str.of(driver)
 	}
-	if len(class) > 6 {
-		return false
+	return true
+}
+
+// lowerHex copies src, hex digits of either case, to dst in lower case;
+// false when src has anything else.
+func lowerHex(dst, src []byte) bool {
+	for i, c := range src {
+		switch {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
+		case c >= 'A' && c <= 'F':
+			c += 'a' - 'A'
+		default:
+			return false
+		}
+		dst[i] = c
 	}
-	var c [6]byte
-	copy(c[:], "000000")
-	copy(c[6-len(class):], class)
-	if cs, ok = hexDigits(string(c[:]), 6); !ok {
-		return false
-	}
-	f.Vendor, f.Device, f.Class, f.Driver = vs, ds, "0x"+cs, string(driver)
 	return true
 }

@@ -180,7 +180,7 @@ func umadOfIssm(name string) string {
 // RDMA port state; DevicesAt and PortState read the port state for a
 // caller that wants it.)
 func (r *Reader) DevicesForScan(dir Attrs, addr string, idx *ScanIndex) ([]Device, error) {
-	return devicesFrom(dir, idx.devices[addr], idx.verbs[addr], idx.mad[addr], false)
+	return devicesFrom(dir, idx.devices.Of(addr), idx.verbs.Of(addr), idx.mad.Of(addr), false)
 }
 
 func devicesIn(dir sysfs.Dir, withState bool) ([]Device, error) {

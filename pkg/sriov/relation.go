@@ -1,10 +1,10 @@
 package sriov
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
-	"path/filepath"
 	"strconv"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
@@ -24,7 +24,9 @@ type PF struct {
 // Attrs reads below a function's sysfs directory; pci.Dir is one.
 type Attrs interface {
 	Read(name string) ([]byte, error)
-	Readlink(name string) (string, error)
+	// ReadlinkTo reads a link's target into buf, which a caller keeps
+	// on its stack, and returns its length.
+	ReadlinkTo(name string, buf []byte) (int, error)
 }
 
 var _ Attrs = pci.Dir(nil)
@@ -40,18 +42,43 @@ func ReadPF(dir Attrs) (PF, bool) {
 	}
 	p.TotalVFs = total
 	p.NumVFs, _ = atoi(dir, "sriov_numvfs")
-	for i := 0; i < p.NumVFs; i++ {
-		vf, err := dir.Readlink("virtfn" + strconv.Itoa(i))
+	if p.NumVFs > 0 {
+		p.VFs = make([]string, 0, min(p.NumVFs, len(virtfnNames)))
+	}
+	var buf [512]byte
+	for i := 0; i < p.NumVFs && i < maxVFs; i++ {
+		n, err := dir.ReadlinkTo(virtfn(i), buf[:])
 		if err != nil {
 			break
 		}
-		addr := filepath.Base(vf)
-		if !pci.ValidAddress(addr) {
+		addr := buf[bytes.LastIndexByte(buf[:n], '/')+1 : n]
+		if len(addr) != 12 || !pci.ValidAddress(string(addr)) {
 			break // not a link the kernel made; what follows cannot be indexed
 		}
-		p.VFs = append(p.VFs, addr)
+		p.VFs = append(p.VFs, string(addr))
 	}
 	return p, true
+}
+
+// maxVFs bounds the virtfnN links read: a PCIe function has at most
+// 65535 VFs, and sriov_numvfs past that is not the kernel's.
+const maxVFs = 1 << 16
+
+// virtfnNames are "virtfn0", "virtfn1", …, made once for the indexes VFs
+// commonly have.
+var virtfnNames = func() []string {
+	n := make([]string, 256)
+	for i := range n {
+		n[i] = "virtfn" + strconv.Itoa(i)
+	}
+	return n
+}()
+
+func virtfn(i int) string {
+	if i < len(virtfnNames) {
+		return virtfnNames[i]
+	}
+	return "virtfn" + strconv.Itoa(i)
 }
 
 // ReadPFOf reads the SR-IOV attributes of f (read by pkg/pci: its
