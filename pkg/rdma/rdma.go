@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
@@ -123,64 +122,6 @@ type Attrs interface {
 	Read(name string) ([]byte, error)
 	// ReadTo reads into buf, which a caller keeps on its stack.
 	ReadTo(name string, buf []byte) ([]byte, error)
-}
-
-// ScanIndex is which RDMA devices and char devices the class directories
-// (<sys>/class/infiniband, infiniband_verbs, infiniband_mad) link below
-// each PCI function: a node scan reads it once instead of listing three
-// directories below every function.
-type ScanIndex struct {
-	devices, verbs, mad pci.ClassLinks
-}
-
-// ScanIndex reads the class directories with workers goroutines.
-func (r *Reader) ScanIndex(workers int) (*ScanIndex, error) {
-	var idx ScanIndex
-	var errs [3]error
-	var wg sync.WaitGroup
-	// The three listings and their readlinks overlap: a listing is one
-	// long system call that leaves the other CPUs idle.
-	wg.Go(func() { idx.devices, errs[0] = pci.ReadClassLinks(r.sys, "infiniband", "infiniband", workers) })
-	wg.Go(func() {
-		idx.verbs, errs[1] = pci.ReadClassLinks(r.sys, "infiniband_verbs", "infiniband_verbs", workers)
-	})
-	wg.Go(func() {
-		idx.mad, errs[2] = pci.ReadClassLinksSharing(r.sys, "infiniband_mad", "infiniband_mad", workers, umadOfIssm)
-	})
-	wg.Wait()
-	if err := errors.Join(errs[:]...); err != nil {
-		return nil, err
-	}
-	return &idx, nil
-}
-
-// charKind returns the kind of a char device name ("uverbs14" is
-// KindUverbs); false for a name that is not a kind and a number.
-func charKind(name string) (string, bool) {
-	kind := strings.TrimRight(name, "0123456789")
-	if kind == name || kind != KindUverbs && kind != KindUmad && kind != KindIssm {
-		return "", false
-	}
-	return kind, true
-}
-
-// umadOfIssm names the umadN of an issmN: ib_umad registers both for one
-// port, with one device number and the same parent.
-func umadOfIssm(name string) string {
-	if kind, ok := charKind(name); ok && kind == KindIssm {
-		return KindUmad + name[len(KindIssm):]
-	}
-	return ""
-}
-
-// DevicesForScan is DevicesAt for the function at addr, read through dir,
-// with the device and char device names taken from idx, and without the
-// ports' state: nothing built from a node scan uses it. (The device
-// plugin's health follows the netdevs' link state from netlink, not the
-// RDMA port state; DevicesAt and PortState read the port state for a
-// caller that wants it.)
-func (r *Reader) DevicesForScan(dir Attrs, addr string, idx *ScanIndex) ([]Device, error) {
-	return devicesFrom(dir, idx.devices.Of(addr), idx.verbs.Of(addr), idx.mad.Of(addr), false)
 }
 
 func devicesIn(dir sysfs.Dir, withState bool) ([]Device, error) {
@@ -448,42 +389,6 @@ func checkName(dev string) error {
 	return nil
 }
 
-func classCharDevices(path string, out map[string][]CharDevice) error {
-	dir, err := sysfs.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	names, err := dir.List(".")
-	if err != nil {
-		return err
-	}
-	for _, e := range names {
-		kind, ok := charKind(e)
-		if !ok {
-			continue
-		}
-		if target, err := dir.Readlink(e); err != nil || !pci.ClassLinkInside(target) {
-			continue
-		}
-		ibdev, err := dir.Read(e + "/ibdev")
-		if err != nil {
-			continue
-		}
-		cd := CharDevice{Kind: kind, Name: e, Path: DevDir + "/" + e}
-		if kind != KindUverbs {
-			if p, err := dir.Read(e + "/port"); err == nil {
-				cd.Port, _ = strconv.Atoi(string(p))
-			}
-		}
-		out[string(ibdev)] = append(out[string(ibdev)], cd)
-	}
-	return nil
-}
-
 // readDirNames lists a directory, sorted; a missing directory is empty.
 func readDirNames(dir string) ([]string, error) {
 	d, err := sysfs.Open(dir)
@@ -495,22 +400,4 @@ func readDirNames(dir string) ([]string, error) {
 	}
 	defer d.Close()
 	return d.List(".")
-}
-
-// ClassCharDevices maps ib device names to their char devices as listed in
-// <root>/sys/class/infiniband_verbs and infiniband_mad (each entry's ibdev
-// and port attributes). Discovery reads the PCI function's own directories
-// first; this is the fallback for layouts that only show the class view.
-// An entry whose link leaves <root>/sys/devices is not read through.
-func (r *Reader) ClassCharDevices() (map[string][]CharDevice, error) {
-	out := map[string][]CharDevice{}
-	for _, class := range []string{"infiniband_verbs", "infiniband_mad"} {
-		if err := classCharDevices(filepath.Join(r.sys, "class", class), out); err != nil {
-			return nil, err
-		}
-	}
-	for k := range out {
-		sortCharDevices(out[k])
-	}
-	return out, nil
 }
