@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -172,12 +173,13 @@ func (d Dir) list(name string, getdents func(fd int, buf []byte) (int, error)) (
 	}
 	defer unix.Close(fd)
 	var names []string
-	buf := make([]byte, 32<<10)
+	buf := dirents.Get().(*[32 << 10]byte)
+	defer dirents.Put(buf)
 	// Only getdents returning 0 says the directory is exhausted: a local
 	// file system fills the buffer while entries fit, but Linux does not
 	// promise it, and FUSE and virtiofs answer a page at a time.
 	for {
-		n, err := getdents(fd, buf)
+		n, err := getdents(fd, buf[:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -192,6 +194,10 @@ func (d Dir) list(name string, getdents func(fd int, buf []byte) (int, error)) (
 	slices.Sort(names)
 	return names, nil
 }
+
+// dirents are getdents buffers, reused: a scan lists a handful of large
+// directories, each time.
+var dirents = sync.Pool{New: func() any { return new([32 << 10]byte) }}
 
 // appendNames decodes linux_dirent64 records, skipping "." and "..". The
 // names of one buffer share one string (two allocations, not one per

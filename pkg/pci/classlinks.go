@@ -133,43 +133,38 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 		}
 	}
 	// Each owner's names are a clipped window of one slice, in the order
-	// of names: sorted.
+	// of names (sorted): the entries with an owner, stably sorted by it.
 	var none [12]byte
-	count := make(map[[12]byte]int, len(names))
-	for _, o := range owners {
+	order := make([]int32, 0, len(names))
+	for i, o := range owners {
 		if o != none {
-			count[o]++
+			order = append(order, int32(i))
 		}
 	}
-	all := make([]string, 0, len(names))
-	out := make(ClassLinks, len(count))
-	start := make(map[[12]byte]int, len(count))
-	for _, o := range owners {
-		if o != none {
-			if _, ok := start[o]; !ok {
-				start[o] = len(all)
-				all = all[:len(all)+count[o]]
-				count[o] = 0
+	slices.SortStableFunc(order, func(a, b int32) int { return bytes.Compare(owners[a][:], owners[b][:]) })
+	distinct := 0
+	for k, i := range order {
+		if k == 0 || owners[i] != owners[order[k-1]] {
+			distinct++
+		}
+	}
+	all := make([]string, len(order))
+	out := make(ClassLinks, distinct)
+	var od ownerDirs
+	if dirs {
+		od = make(ownerDirs, distinct)
+	}
+	for lo := 0; lo < len(order); {
+		o := owners[order[lo]]
+		hi := lo
+		for ; hi < len(order) && owners[order[hi]] == o; hi++ {
+			all[hi] = names[order[hi]]
+			if dirs && paths[order[hi]] != "" {
+				od[o] = paths[order[hi]]
 			}
 		}
-	}
-	for i, o := range owners {
-		if o != none {
-			all[start[o]+count[o]] = names[i]
-			count[o]++
-		}
-	}
-	for o, at := range start {
-		out[o] = all[at : at+count[o] : at+count[o]]
-	}
-	if !dirs {
-		return out, nil, nil
-	}
-	od := make(ownerDirs, len(out))
-	for i, o := range owners {
-		if o != none && paths[i] != "" {
-			od[o] = paths[i]
-		}
+		out[o] = all[lo:hi:hi]
+		lo = hi
 	}
 	return out, od, nil
 }
