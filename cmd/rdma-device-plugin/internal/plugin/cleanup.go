@@ -7,12 +7,15 @@ import (
 )
 
 // afterFirstRegistration does what a start puts off until the kubelet
-// knows the pools, so that it does not delay them: each pool's CDI spec
-// (until it is written Allocate returns DeviceSpecs and no CDI names), the
-// leftovers of a killed run, and giving the first scan's garbage back to
-// the OS.
+// knows the pools, so that it does not delay them: giving the first scan's
+// garbage back to the OS, each pool's CDI spec (until it is written
+// Allocate returns DeviceSpecs and no CDI names), the leftovers of a
+// killed run. The memory goes back before the specs are built, so that
+// they reuse the scan's pages instead of adding to the peak, and again
+// after.
 func (m *Manager) afterFirstRegistration() {
 	m.registeredOnce = true
+	m.releaseMemory()
 	for r, s := range m.servers {
 		v := s.served()
 		if v.cdi = m.writeCDISpec(r, &v.pool); v.cdi {
