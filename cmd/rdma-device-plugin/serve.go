@@ -95,6 +95,11 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 }
 
 func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
+	// The metrics listener is opened beside the first scan: a process's
+	// first listen reads /proc/sys/net/core/somaxconn, which some kernels
+	// take milliseconds to open, and the plugin's own sockets wait for it.
+	metricsListener := listenAsync(f.metricsAddr)
+	defer metricsListener.close()
 	src, err := plugin.NewSource(f.config, nic.NewScanner(f.hostRoot), log, pool.WithResourcePrefix(f.resourcePrefix))
 	if err != nil {
 		return err
@@ -135,7 +140,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		return err
 	}
 	if f.metricsAddr != "" {
-		l, err := net.Listen("tcp", f.metricsAddr)
+		l, err := metricsListener.get()
 		if err != nil {
 			return fmt.Errorf("--metrics-addr %s: %w (pick a free port, or empty to disable)", f.metricsAddr, err)
 		}
@@ -205,4 +210,41 @@ func probe(check func() error) http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
+}
+
+// asyncListener is a TCP listener being opened in the background.
+type asyncListener struct {
+	done chan struct{}
+	l    net.Listener
+	err  error
+}
+
+// listenAsync starts listening on addr; "" listens nowhere.
+func listenAsync(addr string) *asyncListener {
+	a := &asyncListener{done: make(chan struct{})}
+	if addr == "" {
+		close(a.done)
+		return a
+	}
+	go func() {
+		defer close(a.done)
+		a.l, a.err = net.Listen("tcp", addr)
+	}()
+	return a
+}
+
+// get waits for the listener; the caller owns it then.
+func (a *asyncListener) get() (net.Listener, error) {
+	<-a.done
+	l := a.l
+	a.l = nil
+	return l, a.err
+}
+
+// close closes a listener nobody took (serve returned early).
+func (a *asyncListener) close() {
+	<-a.done
+	if a.l != nil {
+		a.l.Close()
+	}
 }

@@ -567,6 +567,14 @@ func TestServeStartupErrors(t *testing.T) {
 			require.Contains(t, err.Error(), tt.want)
 		})
 	}
+	// A metrics port in use.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	err = run(context.Background(), []string{"--host-root", fixture("dgx-h100"), "--config", config("sriov-dp.json"),
+		"--kubelet-dir", t.TempDir(), "--metrics-addr", busy.Addr().String()}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "--metrics-addr "+busy.Addr().String())
+	require.ErrorContains(t, err, "pick a free port, or empty to disable")
 	// The binary exits non-zero and says why.
 	out, err := exec.Command(binary(t), "--config", "/nonexistent/config.json", "--metrics-addr", "").CombinedOutput()
 	require.Error(t, err)
