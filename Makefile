@@ -22,13 +22,19 @@ BUILDTAGS := grpcnotrace
 
 all: lint build test
 
+# Two builds of the device plugin: bin/rdma-device-plugin is the lean one
+# (-tags nodra: device plugin API only, no Kubernetes API client, what the
+# default DaemonSet runs); bin/rdma-device-plugin-dra also serves pools
+# through DRA (deployments/components/dra runs it).
 build:
-	$(GO) build -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	$(GO) build -tags '$(BUILDTAGS),nodra' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	$(GO) build -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/rdma-device-plugin-dra ./cmd/rdma-device-plugin
 
 # Both binaries for arm64 (GH200/GB200 nodes) build too: a cross-compile
 # check, nothing is kept.
 cross:
 	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -o /dev/null ./cmd/rdma-device-plugin
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -tags nodra -o /dev/null ./cmd/rdma-device-plugin
 	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -o /dev/null ./cmd/sriov-cni
 
 # The full suite, as CI runs it. Root-only tests (network namespaces, veth,
@@ -54,6 +60,7 @@ fmt:
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags nodra ./cmd/rdma-device-plugin/...
 
 # Every benchmark in one table (benchmarks that need root skip without it).
 # One package at a time: latency percentiles on 2 cores are not to be shared.

@@ -67,6 +67,7 @@ func TestBaseHasNoRBAC(t *testing.T) {
 	require.Empty(t, m.deviceClasses)
 	require.False(t, *m.serviceAccounts[0].AutomountServiceAccountToken)
 	require.False(t, *m.daemonSets[0].Spec.Template.Spec.AutomountServiceAccountToken)
+	require.Equal(t, pluginBinary, m.daemonSets[0].Spec.Template.Spec.Containers[0].Command[0], "the lean build, without DRA")
 }
 
 func TestKustomizeDRA(t *testing.T) {
@@ -77,6 +78,7 @@ func TestKustomizeDRA(t *testing.T) {
 			requireDaemonSet(t, m, dirs...) // also: no hostPath twice
 			spec := &m.daemonSets[0].Spec.Template.Spec
 			c := container(t, spec.Containers, "rdma-device-plugin")
+			require.Equal(t, []string{pluginBinaryDRA}, c.Command, "the build with DRA")
 			for _, d := range dirs {
 				requireHostDir(t, spec, c, d, false)
 			}

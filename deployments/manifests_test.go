@@ -63,6 +63,7 @@ const (
 	sriovResource      = "mellanox.com/mlnx_sriov_rdma"
 	cniBinary          = "/usr/bin/sriov" // where the image has the CNI
 	pluginBinary       = "/usr/bin/rdma-device-plugin"
+	pluginBinaryDRA    = "/usr/bin/rdma-device-plugin-dra" // the build with DRA (components/dra)
 	hostCNIBinDir      = "/opt/cni/bin"
 )
 
@@ -475,7 +476,7 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	}
 
 	c := container(t, spec.Containers, "rdma-device-plugin")
-	require.Equal(t, pluginBinary, c.Command[0])
+	require.Contains(t, []string{pluginBinary, pluginBinaryDRA}, c.Command[0])
 	flags := pluginFlags(t, c)
 	require.Equal(t, "/host", flags["host-root"], "the node's /sys and /dev are read under /host")
 	require.Equal(t, "/", pluginFlag(flags, "node-root"), "what the plugin hands the kubelet are the node's own /dev paths")

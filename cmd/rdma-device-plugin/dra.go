@@ -1,3 +1,5 @@
+//go:build !nodra
+
 package main
 
 import (
@@ -15,8 +17,10 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
-	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
+
+// draBuild says, in --version, whether this build serves DRA.
+const draBuild = "with DRA"
 
 // draFlags configure the DRA side of the daemon. They matter only when
 // the config serves a pool through DRA ("servedBy": "dra").
@@ -50,8 +54,8 @@ type draHook struct {
 // whose stop must be called.
 func startDRA(ctx context.Context, f draFlags, hostRoot, nodeRoot, devInfoDir string, first plugin.Scan, scan plugin.ScanFunc, log *slog.Logger) (context.Context, plugin.ScanFunc, *draHook, error) {
 	h := &draHook{log: log}
-	if !slicesContainsDRA(first.Pools) {
-		return ctx, h.watchConfig(scan), h, nil
+	if len(draPoolNames(first.Pools)) == 0 {
+		return ctx, watchConfig(scan, log, "the DRA driver was not started with it: restart the plugin"), h, nil
 	}
 	client, err := kubeClient(f.kubeconfig)
 	if err != nil {
@@ -88,21 +92,6 @@ func startDRA(ctx context.Context, f draFlags, hostRoot, nodeRoot, devInfoDir st
 	}, h, nil
 }
 
-// watchConfig wraps the scan of a daemon without a DRA driver: a reload
-// that marks a pool for DRA cannot start one (that needs a restart), and
-// says so.
-func (h *draHook) watchConfig(scan plugin.ScanFunc) plugin.ScanFunc {
-	var warned bool
-	return func(reload bool) (plugin.Scan, error) {
-		s, err := scan(reload)
-		if err == nil && !warned && slicesContainsDRA(s.Pools) {
-			warned = true
-			h.log.Error("dra: the config now serves pools through DRA, but the DRA driver was not started with it: restart the plugin; until then those pools are served by neither API")
-		}
-		return s, err
-	}
-}
-
 // stop stops the DRA driver (prepared claims stay prepared) and returns
 // why it failed, if it did.
 func (h *draHook) stop() error {
@@ -117,18 +106,6 @@ func (h *draHook) stop() error {
 		return fmt.Errorf("dra: %w", h.fatal)
 	}
 	return nil
-}
-
-// servedByDevicePlugin turns down the pools DRA serves.
-func servedByDevicePlugin(p *pool.Pool) bool { return !dra.Serves(p) }
-
-func slicesContainsDRA(pools []pool.Pool) bool {
-	for i := range pools {
-		if dra.Serves(&pools[i]) {
-			return true
-		}
-	}
-	return false
 }
 
 // kubeClient talks to the API server: with a kubeconfig file, or as the

@@ -1,10 +1,14 @@
+//go:build !nodra
+
 package main
 
 import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,4 +87,25 @@ current-context: c
 
 	d.stop()
 	require.NoFileExists(t, sock, "the registration socket goes with the plugin")
+}
+
+// The lean build (-tags nodra, the default DaemonSet's binary) links no
+// Kubernetes API client; a config that serves a pool through DRA is a
+// startup error there that names the pool and the binary to run instead.
+func TestLeanBuildHasNoDRA(t *testing.T) {
+	bin := leanBinary.build(t)
+	deps, err := exec.Command("go", "list", "-tags", "nodra", "-deps", ".").Output()
+	require.NoError(t, err)
+	for _, pkg := range strings.Fields(string(deps)) {
+		require.False(t, strings.HasPrefix(pkg, "k8s.io/client-go/") || strings.HasPrefix(pkg, "k8s.io/dynamic-resource-allocation/"), "the lean build links %s", pkg)
+	}
+
+	v, err := exec.Command(bin, "--version").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(v), ", without DRA\n")
+
+	out, err := exec.Command(bin, "--host-root", fixture("dgx-h100"), "--config", config("dra.json"),
+		"--kubelet-dir", t.TempDir(), "--metrics-addr", "").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), `pool mellanox.com/mlnx_sriov_rdma is served by DRA ("servedBy": "dra"), but this build has no DRA: run rdma-device-plugin-dra (deployments/components/dra)`)
 }

@@ -43,7 +43,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if f.version {
-		_, err := fmt.Fprintf(stdout, "rdma-device-plugin %s\n", version.Get())
+		_, err := fmt.Fprintf(stdout, "rdma-device-plugin %s, %s\n", version.Get(), draBuild)
 		return err
 	}
 	var level slog.Level

@@ -614,7 +614,7 @@ func TestServeFlags(t *testing.T) {
 func TestVersionFlag(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"--version"}, &out, io.Discard))
-	require.Regexp(t, `^rdma-device-plugin \S+ \(revision \S+, go[0-9.]+\)\n$`, out.String())
+	require.Regexp(t, `^rdma-device-plugin \S+ \(revision \S+, go[0-9.]+\), `+draBuild+`\n$`, out.String())
 	// The binary reports what the build stamped.
 	bin := filepath.Join(t.TempDir(), "rdma-device-plugin")
 	pkg := "github.com/fastpath-k8s/fastpath/internal/version"
@@ -624,5 +624,5 @@ func TestVersionFlag(t *testing.T) {
 	require.NoError(t, err, "%s", b)
 	got, err := exec.Command(bin, "--version").Output()
 	require.NoError(t, err)
-	require.Regexp(t, `^rdma-device-plugin v9\.9\.9-test \(revision 0123abc, go[0-9.]+\)\n$`, string(got))
+	require.Regexp(t, `^rdma-device-plugin v9\.9\.9-test \(revision 0123abc, go[0-9.]+\), `+draBuild+`\n$`, string(got))
 }

@@ -1,0 +1,5 @@
+//go:build nodra
+
+package main
+
+func defaultDRAFlags() draFlags { return draFlags{} }
