@@ -236,7 +236,9 @@ func (d *Driver) republish(why string) {
 }
 
 // publisher hands the current devices to the ResourceSlice controller when
-// they differ from what it has, until ctx ends or the helper stops.
+// they differ from what it has, until ctx ends or the helper stops. It
+// holds d.mu only to copy what it needs: building and comparing 1024
+// devices must not hold up a Prepare.
 func (d *Driver) publisher(ctx context.Context, helper *kubeletplugin.Helper) {
 	defer close(d.publisherDone)
 	for {
@@ -250,20 +252,23 @@ func (d *Driver) publisher(ctx context.Context, helper *kubeletplugin.Helper) {
 			d.mu.Unlock()
 			return // stopped
 		}
-		res := driverResources(d.opts.NodeName, d.entries, d.healthLocked, d.taints)
-		if d.published != nil && apiequality.Semantic.DeepEqual(*d.published, res) {
-			d.mu.Unlock()
+		entries, view, taints, published := d.entries, d.healthViewLocked(), d.taints, d.published
+		d.mu.Unlock()
+
+		res := driverResources(d.opts.NodeName, entries, view.health, taints)
+		if published != nil && apiequality.Semantic.DeepEqual(*published, res) {
 			continue
 		}
-		d.published = &res
-		close(d.healthChanged)
-		d.healthChanged = make(chan struct{})
-		n, unhealthy, taints := len(d.entries), 0, d.taints
-		for i := range d.entries {
-			if !d.healthLocked(&d.entries[i]).ok {
+		unhealthy := 0
+		for i := range entries {
+			if !view.health(&entries[i]).ok {
 				unhealthy++
 			}
 		}
+		d.mu.Lock()
+		d.published = &res
+		close(d.healthChanged)
+		d.healthChanged = make(chan struct{})
 		d.mu.Unlock()
 		if err := helper.PublishResources(ctx, res); err != nil {
 			if ctx.Err() == nil {
@@ -274,7 +279,7 @@ func (d *Driver) publisher(ctx context.Context, helper *kubeletplugin.Helper) {
 			d.mu.Unlock()
 			continue
 		}
-		d.log.Info("dra: ResourceSlices published", "devices", n, "unhealthy", unhealthy, "taints", taints)
+		d.log.Info("dra: ResourceSlices published", "devices", len(entries), "unhealthy", unhealthy, "taints", taints)
 	}
 }
 

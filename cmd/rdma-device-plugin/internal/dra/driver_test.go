@@ -245,9 +245,6 @@ func TestHealthFromLinkEvents(t *testing.T) {
 	k := e.register(t)
 	c := e.claim(t, "pod", vf("nic", rail1vf0))
 	require.Empty(t, k.prepare(t, c)[string(c.UID)].Error)
-	e.links.C <- plugin.LinkEvent{Name: "ibp64s0v0", Deleted: true, Up: false}
-	e.links.C <- plugin.LinkEvent{Name: "ibp24s0", Up: false}
-	e.links.C <- plugin.LinkEvent{Name: "ibp24s0", Up: true} // a change, so that health is re-evaluated
 	e.waitSlices(t, "in the pod", func(d map[string]resourceapi.Device) bool { return len(tainted(d)) == 0 })
 	// Unprepared with the netdev still away: a fault again.
 	require.Empty(t, k.unprepare(t, c)[string(c.UID)].Error)

@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -30,30 +31,54 @@ const healthResend = 10 * time.Second
 // linkState is what netlink last told about an interface.
 type linkState struct{ up, deleted bool }
 
-// healthLocked decides a VF's health from the last link events, by the
-// device plugin's rule: a PF that is oper-down or gone takes its VFs down
-// with it; a VF whose netdev left the host netns is unusable unless it is
-// prepared for a claim (the CNI moved it into the pod) and its PCI
-// function still exists. Interfaces netlink never mentioned count as up.
-// d.mu must be held.
+// healthView is what a VF's health is decided from: the last link events
+// and the VFs prepared for claims. The publisher takes a copy, so as to
+// decide outside d.mu.
+type healthView struct {
+	links    map[string]linkState
+	inUse    map[string]bool
+	hostRoot string
+}
+
+// healthViewLocked copies what health is decided from. d.mu must be held.
+func (d *Driver) healthViewLocked() healthView {
+	return healthView{links: maps.Clone(d.links), inUse: maps.Clone(d.inUse), hostRoot: d.opts.HostRoot}
+}
+
+// healthLocked is e's health now. d.mu must be held.
 func (d *Driver) healthLocked(e *entry) health {
+	return healthView{links: d.links, inUse: d.inUse, hostRoot: d.opts.HostRoot}.health(e)
+}
+
+// health decides a VF's health by the device plugin's rule: a PF that is
+// oper-down or gone takes its VFs down with it; a VF whose netdev left the
+// host netns is unusable unless it is prepared for a claim (the CNI moved
+// it into the pod) and its PCI function still exists. Interfaces netlink
+// never mentioned count as up.
+func (v healthView) health(e *entry) health {
 	if n := e.dev.PFNetdev; n != "" {
-		if st, ok := d.links[n]; ok && (!st.up || st.deleted) {
+		if st, ok := v.links[n]; ok && (!st.up || st.deleted) {
 			return health{reason: ReasonPFLinkDown}
 		}
 	}
-	if n := e.dev.Netdev; e.dev.IsVF() && n != "" {
-		if st, ok := d.links[n]; ok && st.deleted {
-			if !d.inUse[e.dev.PCIAddress] || !d.pciExists(e.dev.PCIAddress) {
-				return health{reason: ReasonNetdevGone}
-			}
-		}
+	if v.netdevGone(e) && (!v.inUse[e.dev.PCIAddress] || !pciExists(v.hostRoot, e.dev.PCIAddress)) {
+		return health{reason: ReasonNetdevGone}
 	}
 	return health{ok: true}
 }
 
-func (d *Driver) pciExists(addr string) bool {
-	_, err := os.Lstat(filepath.Join(d.opts.HostRoot, "sys", "bus", "pci", "devices", addr))
+// netdevGone reports whether netlink saw the VF's netdev leave the host
+// netns: the one case where being prepared for a claim decides its health.
+func (v healthView) netdevGone(e *entry) bool {
+	if n := e.dev.Netdev; e.dev.IsVF() && n != "" {
+		st, ok := v.links[n]
+		return ok && st.deleted
+	}
+	return false
+}
+
+func pciExists(hostRoot, addr string) bool {
+	_, err := os.Lstat(filepath.Join(hostRoot, "sys", "bus", "pci", "devices", addr))
 	return err == nil
 }
 

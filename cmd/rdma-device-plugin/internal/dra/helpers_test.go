@@ -2,8 +2,10 @@ package dra_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,8 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
@@ -102,7 +106,31 @@ func newTestEnv(t testing.TB, root, config string) *testEnv {
 	for _, d := range []string{e.pluginDir, e.registryDir} {
 		require.NoError(t, os.MkdirAll(d, 0o750))
 	}
+	e.nameGenerated()
 	return e
+}
+
+// simpleAPI replaces the fake API server by client-go's simple one, which
+// stores objects as given, without the field management (managedFields,
+// a REST mapper built per call) that the default fake spends most of a
+// ResourceSlice update on: benchmarks then time the driver and the
+// ResourceSlice controller, not the fake. Call it before start.
+func (e *testEnv) simpleAPI() {
+	e.client = fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, UID: "node-a-uid"}})
+	e.nameGenerated()
+}
+
+// nameGenerated makes the fake API server name an object created with
+// generateName, as the real one does (the ResourceSlice controller creates
+// its slices so).
+func (e *testEnv) nameGenerated() {
+	var seq atomic.Int64
+	e.client.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if o, ok := a.(k8stesting.CreateAction).GetObject().(metav1.Object); ok && o.GetName() == "" && o.GetGenerateName() != "" {
+			o.SetName(fmt.Sprintf("%s%05d", o.GetGenerateName(), seq.Add(1)))
+		}
+		return false, nil, nil
+	})
 }
 
 // start runs a driver on the env's directories until the test ends.
@@ -146,11 +174,17 @@ func (e *testEnv) slices(t testing.TB) map[string]resourceapi.Device {
 func (e *testEnv) waitSlices(t testing.TB, what string, ok func(map[string]resourceapi.Device) bool) map[string]resourceapi.Device {
 	t.Helper()
 	var got map[string]resourceapi.Device
-	require.Eventually(t, func() bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
 		got = e.slices(t)
-		return ok(got)
-	}, 10*time.Second, 5*time.Millisecond, "ResourceSlices never showed %s", what)
-	return got
+		if ok(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ResourceSlices never showed %s within 10 s (last: %d devices)", what, len(got))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // kubelet is the kubelet's side of the plugin: registration and the DRA

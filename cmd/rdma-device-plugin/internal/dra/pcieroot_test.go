@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
-	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
@@ -48,7 +47,7 @@ func TestPCIeRootMatchesDeviceAttribute(t *testing.T) {
 			for i := range snap.Devices {
 				d := &snap.Devices[i]
 				want := helperPCIeRoot(t, filepath.Join(root, "sys"), d.PCIAddress)
-				require.Equal(t, want, dra.PCIeRoot(d), d.PCIAddress)
+				require.Equal(t, want, d.PCIeRoot, d.PCIAddress)
 				if want != "" {
 					known++
 				}
@@ -68,7 +67,7 @@ func TestDGXGPUsShareTheirRailsRoot(t *testing.T) {
 		vf, ok := snap.Device(fixture.VFAddress(r.Bus, 0))
 		require.True(t, ok)
 		gpu := fixture.PCIAddress(0, r.Bus+1, 0, 0)
-		require.Equal(t, helperPCIeRoot(t, filepath.Join(root, "sys"), gpu), dra.PCIeRoot(vf), "rail %#x", r.Bus)
+		require.Equal(t, helperPCIeRoot(t, filepath.Join(root, "sys"), gpu), vf.PCIeRoot, "rail %#x", r.Bus)
 	}
 }
 
@@ -96,7 +95,7 @@ func TestPCIeRootMatchesDeviceAttributeOnSlashSys(t *testing.T) {
 	want := map[string]string{}
 	var addrs []string
 	for i := range snap.Devices {
-		want[snap.Devices[i].PCIAddress] = dra.PCIeRoot(&snap.Devices[i])
+		want[snap.Devices[i].PCIAddress] = snap.Devices[i].PCIeRoot
 		addrs = append(addrs, snap.Devices[i].PCIAddress)
 	}
 	for _, r := range fixture.DGXRails {

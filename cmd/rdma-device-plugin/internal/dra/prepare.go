@@ -132,7 +132,22 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 		}
 	}
 	d.inUse = d.cp.inUse()
+	if d.netdevGoneLocked(rec) {
+		d.republish("prepare") // its netdev's absence is no fault now
+	}
 	return result, nil
+}
+
+// netdevGoneLocked reports whether a VF of the claim has its netdev out of
+// the host netns, the one case where being prepared decides its health.
+func (d *Driver) netdevGoneLocked(rec *preparedClaim) bool {
+	v := healthView{links: d.links}
+	for _, pd := range rec.Devices {
+		if e, ok := d.byName[pd.Device]; ok && v.netdevGone(e) {
+			return true
+		}
+	}
+	return false
 }
 
 // restoreLocked puts a claim's checkpoint entry back as it was.
@@ -223,6 +238,7 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 	out := make(map[types.UID]error, len(claims))
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	changed := false
 	for _, c := range claims {
 		rec, ok := d.cp.Claims[c.UID]
 		if !ok {
@@ -233,6 +249,10 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 			out[c.UID] = fmt.Errorf("claim %s: %w", c, err)
 			continue
 		}
+		// A VF whose netdev is still away (the CNI's DEL is not through)
+		// is unusable again once no claim holds it; for any other VF,
+		// being prepared or not changes nothing published.
+		changed = changed || d.netdevGoneLocked(rec)
 		delete(d.cp.Claims, c.UID)
 		if err := d.cp.save(d.cpPath); err != nil {
 			d.cp.Claims[c.UID] = rec
@@ -243,8 +263,8 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 		out[c.UID] = nil
 	}
 	d.inUse = d.cp.inUse()
-	// A VF whose netdev is still away (the CNI's DEL is not through) is
-	// unusable again now that no claim holds it.
-	d.republish("unprepare")
+	if changed {
+		d.republish("unprepare")
+	}
 	return out, nil
 }

@@ -2,7 +2,6 @@ package dra
 
 import (
 	"cmp"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -47,23 +46,6 @@ func DeviceName(pciAddress string) string {
 	return strings.NewReplacer(":", "-", ".", "-").Replace(pciAddress)
 }
 
-// pcieRootPattern is how the kernel names a PCI host bridge's directory
-// under /sys/devices (pci<domain>:<bus>), the only form the standard
-// pcieRoot attribute takes.
-var pcieRootPattern = regexp.MustCompile(`^pci[0-9a-f]{4,}:[0-9a-f]{2}$`)
-
-// PCIeRoot is the value of resource.kubernetes.io/pcieRoot for d, or ""
-// when it is unknown (then the attribute is left out: an empty value would
-// match every other device whose root is unknown). It is the root complex
-// that discovery read, which is what deviceattribute's own lookup returns
-// (TestPCIeRootMatchesDeviceAttribute compares the two on every fixture).
-func PCIeRoot(d *nic.Device) string {
-	if !pcieRootPattern.MatchString(d.PCIeRoot) {
-		return ""
-	}
-	return d.PCIeRoot
-}
-
 // health is what the driver knows about one device's usability.
 type health struct {
 	ok     bool
@@ -79,9 +61,10 @@ func deviceAttributes(r *pool.Resource, d *nic.Device) map[resourceapi.Qualified
 			attrs[name] = resourceapi.DeviceAttribute{StringValue: &v}
 		}
 	}
-	if root := PCIeRoot(d); root != "" {
-		str(deviceattribute.StandardDeviceAttributePCIeRoot, root)
-	}
+	// Discovery's pcieRoot is deviceattribute's ("" when the function
+	// hangs off no PCI host bridge): pkg/nic's and this package's tests
+	// compare the two.
+	str(deviceattribute.StandardDeviceAttributePCIeRoot, d.PCIeRoot)
 	// The PCI address comes from the kernel's own directory names: it is
 	// in the extended BDF form the attribute wants.
 	if a, err := deviceattribute.GetPCIBusIDAttribute(d.PCIAddress); err == nil {
@@ -112,6 +95,10 @@ type entry struct {
 	name string // DeviceName
 	res  *pool.Resource
 	dev  *nic.Device
+	// attrs are its attributes, made once per scan: health changes are
+	// published far more often than discovery changes them. Shared by
+	// every publication, never modified.
+	attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 }
 
 // entries lists the VFs of the pools in the order they are published:
@@ -126,7 +113,7 @@ func entries(pools []pool.Pool) []entry {
 		start := len(out)
 		for j := range p.Devices {
 			d := &p.Devices[j]
-			out = append(out, entry{name: DeviceName(d.PCIAddress), res: &p.Resource, dev: d})
+			out = append(out, entry{name: DeviceName(d.PCIAddress), res: &p.Resource, dev: d, attrs: deviceAttributes(&p.Resource, d)})
 		}
 		part := out[start:]
 		if p.AllocationPolicy == pool.PolicySpread {
@@ -177,7 +164,7 @@ func driverResources(poolName string, list []entry, healthOf func(*entry) health
 		if !h.ok && !taint {
 			continue
 		}
-		dev := resourceapi.Device{Name: e.name, Attributes: deviceAttributes(e.res, e.dev)}
+		dev := resourceapi.Device{Name: e.name, Attributes: e.attrs}
 		if !h.ok {
 			dev.Taints = []resourceapi.DeviceTaint{{Key: TaintUnhealthy, Value: h.reason, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
 		}

@@ -142,7 +142,7 @@ func TestUnhealthyVFsAreTaintedOrLeftOut(t *testing.T) {
 // pcieRoot would "match" every other device whose root is unknown.
 func TestUnknownAttributesAreLeftOut(t *testing.T) {
 	d := nic.Device{PCIAddress: "0000:3b:00.2", Vendor: "15b3", DeviceID: "101e", Driver: "mlx5_core",
-		NUMANode: -1, PFAddress: "0000:3b:00.0", VFIndex: -1, PCIeRoot: "LNXSYSTM:00"}
+		NUMANode: -1, PFAddress: "0000:3b:00.0", VFIndex: -1, PCIeRoot: ""}
 	p := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "vfs", Kind: pool.Exclusive, ServedBy: pool.ServedByDRA}, Devices: []nic.Device{d}}
 	attrs := dra.Resources("n", []pool.Pool{p}, nil, true).Pools["n"].Slices[0].Devices[0].Attributes
 	require.Equal(t, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
