@@ -27,6 +27,7 @@ import (
 
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 
@@ -78,7 +79,7 @@ func (b *builtBinary) remove() {
 func binary(t testing.TB) string { return leanBinary.build(t) }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testnet.Main(m)
 	leanBinary.remove()
 	draBinary.remove()
 	if benchHost != "" {

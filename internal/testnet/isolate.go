@@ -1,10 +1,11 @@
 package testnet
 
 import (
-	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -12,46 +13,71 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// isolatedEnv marks the test binary Isolate started.
+// isolatedEnv marks a test binary that Main has already started in
+// namespaces of its own.
 const isolatedEnv = "FASTPATH_TEST_ISOLATED"
 
-// Isolate runs the calling test again in a network and mount namespace of
-// its own — loopback up, a private /run/netns — by re-executing the test
-// binary with only that test. Its veth stand-ins, named as a fixture names
-// its VFs, then never clash with other packages' tests that go test runs
-// at the same time, and its mounts never reach the host. It returns true
-// in the re-executed test, which goes on; false in the caller, whose
-// result is the isolated run's (its output is logged). Needs root.
-func Isolate(t *testing.T) bool {
-	t.Helper()
-	RequireRoot(t, "makes a network and mount namespace for the test")
-	if os.Getenv(isolatedEnv) == t.Name() {
-		if err := privateNetnsDir(); err != nil {
-			t.Fatalf("isolate: %v", err)
+// Main runs a package's tests; call it from TestMain in every package
+// whose tests make links, named network namespaces or mounts. As root, the
+// test binary first runs itself again, with the same arguments, in a
+// network and a mount namespace of its own: loopback up, an empty
+// /run/netns, mounts private. go test runs packages in parallel, and two
+// packages' stand-ins named as the same fixture VF (ibp24s0v0) would
+// otherwise meet in the host's namespace, beside the host's own links.
+// Without root (those tests skip) and in a fuzz worker (its coordinator is
+// already isolated, and talks to it over inherited descriptors) the tests
+// run where they are. The returned code is for os.Exit, after the caller's
+// own cleanup.
+func Main(m *testing.M) int {
+	if os.Geteuid() != 0 || fuzzWorker() {
+		return m.Run()
+	}
+	if os.Getenv(isolatedEnv) == "" {
+		code, err := reexec()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testnet:", err)
+			return 1
 		}
-		return true
+		return code
 	}
-	args := []string{"-test.run", "^" + t.Name() + "$", "-test.v", "-test.count", "1"}
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), isolatedEnv+"="+t.Name())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	if err := privateNetnsDir(); err != nil {
+		fmt.Fprintln(os.Stderr, "testnet:", err)
+		return 1
 	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("isolate: start %s: %v", os.Args[0], err)
-	}
-	sc := bufio.NewScanner(out)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		t.Log(sc.Text())
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("isolated %s: %v", t.Name(), err)
+	return m.Run()
+}
+
+func fuzzWorker() bool {
+	for _, a := range os.Args[1:] {
+		if strings.HasPrefix(a, "-test.fuzzworker") {
+			return true
+		}
 	}
 	return false
+}
+
+// reexec runs the test binary again in new network and mount namespaces
+// and returns its exit code; the child dies with this process.
+func reexec() (int, error) {
+	cmd := exec.Command(os.Args[0], os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 0, fmt.Errorf("isolated test binary: %v", ws.Signal())
+		}
+		return exit.ExitCode(), nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("isolated test binary: %w", err)
+	}
+	return 0, nil
 }
 
 // privateNetnsDir makes the mount namespace private, gives it an empty
@@ -70,5 +96,8 @@ func privateNetnsDir() error {
 	if err == nil {
 		err = netlink.LinkSetUp(lo)
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("loopback up: %w", err)
+	}
+	return nil
 }

@@ -1,7 +1,8 @@
 // Package testnet holds the helpers that several packages' tests share, so
 // that each lives once: the root check, named network namespaces, veth
 // links standing in for VF netdevs, and the soak budget that `make soak`
-// and `make test` give the fault-injection tests. (Building binaries is
+// and `make test` give the fault-injection tests, and Main, which runs a
+// package's root tests in namespaces of their own. (Building binaries is
 // internal/testbin.)
 package testnet
 

@@ -13,6 +13,8 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 
+func TestMain(m *testing.M) { os.Exit(testnet.Main(m)) }
+
 func named(t *testing.T) *netns.NS {
 	t.Helper()
 	testnet.RequireRoot(t, "creates network namespaces and veth links")

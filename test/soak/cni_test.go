@@ -43,9 +43,7 @@ type kind struct {
 
 func TestSoakCNI(t *testing.T) {
 	budget := testnet.Soak(t, 90*time.Second, 30*time.Minute)
-	if !testnet.Isolate(t) {
-		return
-	}
+	testnet.RequireRoot(t, "creates network namespaces and veth links standing in for VFs")
 	maxCycles := 400
 	if testnet.Long() {
 		maxCycles = 100000

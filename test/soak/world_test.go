@@ -28,6 +28,13 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
+// TestMain runs the soak in namespaces of its own (testnet.Main).
+func TestMain(m *testing.M) {
+	code := testnet.Main(m)
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
 // world is one node as the soak sees it: two fixture hosts (an Ethernet
 // RoCE one and an InfiniBand DGX one) whose VF netdevs are veth stand-ins
 // in this test's netns, the sriov plugin built with failpoints (and with

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
+	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
@@ -117,7 +118,7 @@ func largePools(tb testing.TB) []pool.Pool {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testnet.Main(m)
 	if largeRoot != "" {
 		os.RemoveAll(largeRoot)
 	}

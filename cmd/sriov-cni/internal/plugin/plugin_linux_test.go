@@ -30,7 +30,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testnet.Main(m)
 	testbin.Cleanup()
 	os.Exit(code)
 }
