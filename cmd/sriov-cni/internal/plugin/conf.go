@@ -46,6 +46,10 @@ type NetConf struct {
 	MinTxRate *int   `json:"min_tx_rate,omitempty"`
 	MaxTxRate *int   `json:"max_tx_rate,omitempty"`
 	GUID      string `json:"guid,omitempty"`
+	// PKey is ib-sriov-cni's partition key, which this plugin does not
+	// set: a conf that has one is refused rather than have its VF join
+	// the default partition unannounced.
+	PKey string `json:"pkey,omitempty"`
 	// MTU is set on the VF netdev.
 	MTU *int `json:"mtu,omitempty"`
 	// RDMAIsolation requires the RDMA device to move with the netdev
@@ -80,7 +84,14 @@ func parseConf(data []byte) (*NetConf, error) {
 	if c.Type != "" && c.Type != "sriov" {
 		// A conf written for another plugin would be a puzzling failure
 		// later; say so now.
-		return nil, invalidConf("type %q: this plugin is \"sriov\"", c.Type)
+		hint := ""
+		if c.Type == "ib-sriov" {
+			hint = ` (a NetworkAttachmentDefinition written for ib-sriov-cni works with "type": "sriov")`
+		}
+		return nil, invalidConf("type %q: this plugin is \"sriov\"%s", c.Type, hint)
+	}
+	if c.PKey != "" {
+		return nil, invalidConf("pkey %q: this plugin does not set InfiniBand partition keys (ib-sriov-cni's field); the VF would stay in the default partition: drop pkey to accept that, or keep ib-sriov-cni for this network", c.PKey)
 	}
 	if c.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&c.PluginConf); err != nil {

@@ -69,6 +69,8 @@ func TestParseConfInvalid(t *testing.T) {
 		{"negative rate", `{"name":"n","max_tx_rate":-5}`, "max_tx_rate -5"},
 		{"guid short", `{"name":"n","guid":"00:11:22:33:44:55"}`, "not an InfiniBand GUID"},
 		{"guid zero", `{"name":"n","runtimeConfig":{"infinibandGUID":"00:00:00:00:00:00:00:00"}}`, "zero GUID"},
+		{"ib-sriov type", `{"name":"n","type":"ib-sriov"}`, `type "ib-sriov": this plugin is "sriov" (a NetworkAttachmentDefinition written for ib-sriov-cni works with "type": "sriov")`},
+		{"pkey", `{"name":"n","type":"sriov","pkey":"0x8001"}`, `pkey "0x8001": this plugin does not set InfiniBand partition keys`},
 		{"mtu", `{"name":"n","mtu":20}`, "mtu 20: want 68-65535"},
 		{"state dir", `{"name":"n","stateDir":"state"}`, "stateDir \"state\": want an absolute path"},
 		{"socket", `{"name":"n","podResourcesSocket":"kubelet.sock"}`, "podResourcesSocket"},
