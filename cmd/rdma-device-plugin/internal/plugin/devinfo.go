@@ -19,7 +19,12 @@ import (
 // every file it wrote when the plugin stops.
 type devInfoStore struct {
 	dir string
-	mu  sync.Mutex // guards the fields below
+	// files is held (shared) by each write from its temporary file to its
+	// entry in written, and (exclusive) by the sweep of an earlier run's
+	// files, so that the sweep never takes a write in flight for a
+	// leftover.
+	files sync.RWMutex
+	mu    sync.Mutex // guards the fields below
 	// written holds the files this process wrote, by path.
 	written map[string]writtenFile
 }
@@ -65,6 +70,8 @@ func (s *devInfoStore) write(prefix, name string, d *nic.Device) error {
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return fmt.Errorf("devinfo %s: create directory: %w", s.dir, err)
 	}
+	s.files.RLock()
+	defer s.files.RUnlock()
 	if err := atomicfile.Write(path, data, 0o444); err != nil {
 		return fmt.Errorf("devinfo: %w", err)
 	}
@@ -93,22 +100,36 @@ func (s *devInfoStore) removeAll() error {
 	return errors.Join(errs...)
 }
 
+// pciGlob matches a PCI address (dddd:bb:dd.f) in a file name: a pool's
+// name may continue with "-" ("rails" and "rails-b"), a PCI address
+// never has one.
+const pciGlob = "[0-9a-f][0-9a-f][0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f].[0-7]"
+
 // removeLeftovers deletes the files of pool prefix/name that an earlier
-// run of the plugin wrote and could not remove (it was killed): this run
-// writes them again on the next Allocate.
+// run of the plugin wrote and could not remove (it was killed): its
+// device-info files, which this run writes again on the next Allocate,
+// and the temporary files of writes it was killed in (atomicfile's
+// .<file>.tmp-*).
 func (s *devInfoStore) removeLeftovers(prefix, name string) error {
 	if s == nil || s.dir == "" {
 		return nil
 	}
+	s.files.Lock()
+	defer s.files.Unlock()
 	// Prefixes and names are [A-Za-z0-9._-]: nothing a pattern would read.
-	files, err := filepath.Glob(DevInfoPath(s.dir, prefix, name, "*"))
+	pattern := DevInfoPath(s.dir, prefix, name, pciGlob)
+	files, err := filepath.Glob(pattern)
+	if err != nil {
+		return err
+	}
+	tmps, err := filepath.Glob(filepath.Join(s.dir, "."+filepath.Base(pattern)+".tmp-*"))
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
-	for _, f := range files {
+	for _, f := range append(files, tmps...) {
 		if _, mine := s.written[f]; mine {
 			continue
 		}

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -64,4 +65,36 @@ func TestDevInfoRewrite(t *testing.T) {
 	require.NoError(t, s.removeAll())
 	_, err := os.Stat(path)
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// The sweep of an earlier run's files never takes this run's writes, in
+// flight or done, for leftovers: every write that succeeded has its file.
+func TestDevInfoSweepSparesWrites(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "devinfo")
+	s := newDevInfoStore(dir)
+	var devs []*nic.Device
+	for i := range 64 {
+		devs = append(devs, &nic.Device{PCIAddress: fmt.Sprintf("0000:18:%02x.%d", i/8, i%8), RDMADevice: fmt.Sprintf("mlx5_%d", i)})
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 200 {
+			if err := s.removeLeftovers("mellanox.com", "rails"); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for _, d := range devs {
+		require.NoError(t, s.write("mellanox.com", "rails", d))
+	}
+	<-done
+	for _, d := range devs {
+		_, err := os.Stat(DevInfoPath(dir, "mellanox.com", "rails", d.PCIAddress))
+		require.NoError(t, err, d.PCIAddress)
+	}
+	names, err := filepath.Glob(filepath.Join(dir, ".*"))
+	require.NoError(t, err)
+	require.Empty(t, names, "temporary files left")
 }
