@@ -34,9 +34,22 @@ func CDIDeviceName(p *pool.Pool, bdf string) string {
 	return parser.QualifiedName(p.Prefix, p.Name, bdf)
 }
 
+// cdiStaging is the plugin's own directory inside the CDI directory,
+// where the CDI library writes a spec (through its temporary file
+// spec.*.tmp) before the spec is renamed into the CDI directory: a kill
+// in the middle of a write leaves its temporary file there, where it is
+// known to be this plugin's, not beside other vendors' specs, whose
+// writers use the same library and the same temporary names. Runtimes
+// never see it: the library's scan, which containerd, CRI-O and podman
+// read specs with, skips the subdirectories of a spec directory (and,
+// in it, every file not named *.json or *.yaml). The rename from there
+// is atomic (one filesystem): a runtime reads the old spec or the new.
+const cdiStaging = ".fastpath-staging"
+
 // cdiSpecs writes and removes the pools' CDI specs through the CDI
 // library, which validates a spec (names, device nodes, version) before it
-// writes it, atomically, into dir.
+// writes it, atomically, into the staging directory; from there it is
+// renamed into dir.
 type cdiSpecs struct {
 	dir   string
 	cache *cdi.Cache
@@ -45,7 +58,7 @@ type cdiSpecs struct {
 func newCDISpecs(dir string) (*cdiSpecs, error) {
 	// No auto-refresh: the cache is only the library's writer here, it
 	// need not watch the directory.
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Join(dir, cdiStaging)), cdi.WithAutoRefresh(false))
 	if err != nil {
 		return nil, fmt.Errorf("cdi %s: %w", dir, err)
 	}
@@ -91,14 +104,20 @@ func (c *cdiSpecs) write(p *pool.Pool, rdmaCM, root string) (bool, error) {
 	if len(spec.Devices) == 0 {
 		return false, c.remove(p.Prefix, p.Name)
 	}
-	if err := c.cache.WriteSpec(spec, cdiSpecName(p.Prefix, p.Name)); err != nil {
+	name := cdiSpecName(p.Prefix, p.Name)
+	err = c.cache.WriteSpec(spec, name)
+	if err == nil {
+		err = os.Rename(filepath.Join(c.dir, cdiStaging, name), filepath.Join(c.dir, name))
+	}
+	if err != nil {
 		return false, fmt.Errorf("cdi %s: write spec of %s: %w", CDISpecPath(c.dir, p.Prefix, p.Name), p.ResourceName(), err)
 	}
 	return true, nil
 }
 
-// removeLeftovers deletes the plugin's specs (fastpath-*.json) of pools
-// it no longer serves, which an earlier run that was killed left.
+// removeLeftovers deletes what an earlier run that was killed left: the
+// plugin's specs (fastpath-*.json) of pools it no longer serves and
+// whatever is in the staging directory (a write cut short).
 func (c *cdiSpecs) removeLeftovers(keep map[string]pool.Pool) error {
 	files, err := filepath.Glob(filepath.Join(c.dir, cdiFilePrefix+"*.json"))
 	if err != nil {
@@ -117,12 +136,23 @@ func (c *cdiSpecs) removeLeftovers(keep map[string]pool.Pool) error {
 			errs = append(errs, fmt.Errorf("cdi %s: remove leftover spec: %w", f, err))
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.removeStaging())...)
 }
 
+// removeStaging removes the staging directory, which holds nothing
+// between two writes.
+func (c *cdiSpecs) removeStaging() error {
+	if err := os.RemoveAll(filepath.Join(c.dir, cdiStaging)); err != nil {
+		return fmt.Errorf("cdi: remove the staging directory: %w", err)
+	}
+	return nil
+}
+
+// remove deletes a pool's spec.
 func (c *cdiSpecs) remove(prefix, name string) error {
-	if err := c.cache.RemoveSpec(cdiSpecName(prefix, name)); err != nil {
-		return fmt.Errorf("cdi %s: remove spec: %w", CDISpecPath(c.dir, prefix, name), err)
+	path := CDISpecPath(c.dir, prefix, name)
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cdi %s: remove spec: %w", path, err)
 	}
 	return nil
 }

@@ -49,8 +49,9 @@ func (m *Manager) releaseMemory() {
 	}
 }
 
-// removeLeftovers deletes the device-info files and CDI specs that an
-// earlier run killed before its shutdown left behind.
+// removeLeftovers deletes the device-info files, CDI specs and the
+// temporary files of both that an earlier run killed before its shutdown
+// left behind.
 func (m *Manager) removeLeftovers() {
 	for _, p := range m.pools {
 		if err := m.devInfo.removeLeftovers(p.Prefix, p.Name); err != nil {
@@ -73,6 +74,11 @@ func (m *Manager) shutdown() {
 			if err := m.cdi.remove(p.Prefix, p.Name); err != nil {
 				m.log.Warn("remove CDI spec", "resource", r, "err", err)
 			}
+		}
+	}
+	if m.cdi != nil {
+		if err := m.cdi.removeStaging(); err != nil {
+			m.log.Warn("remove CDI staging directory", "err", err)
 		}
 	}
 	if err := m.devInfo.removeAll(); err != nil {

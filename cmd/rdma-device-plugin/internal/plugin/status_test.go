@@ -5,11 +5,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
@@ -95,32 +97,58 @@ func TestProbes(t *testing.T) {
 }
 
 // What a killed run left (device-info files, the spec of a pool since
-// dropped) is cleaned by the next; other files are not touched.
+// dropped, the temporary files of writes cut short) is cleaned by the
+// next; other files are not touched, nor is the staging directory left
+// after a stop.
 func TestLeftoversRemoved(t *testing.T) {
 	dir := t.TempDir()
 	cdiDir := filepath.Join(dir, "cdi")
 	devinfo := filepath.Join(dir, "devinfo")
-	require.NoError(t, os.MkdirAll(cdiDir, 0o755))
+	staging := filepath.Join(cdiDir, cdiStaging)
+	require.NoError(t, os.MkdirAll(staging, 0o755))
 	require.NoError(t, os.MkdirAll(devinfo, 0o755))
 	write := func(p string) {
 		require.NoError(t, os.WriteFile(p, []byte("{}"), 0o444))
 	}
 	leftInfo := DevInfoPath(devinfo, "mellanox.com", "rails", "0000:18:00.3")
-	otherInfo := DevInfoPath(devinfo, "example.com", "other", "0000:18:00.3")
-	leftSpec := CDISpecPath(cdiDir, "mellanox.com", "gone")
-	foreign := filepath.Join(cdiDir, "vendor-other.json")
-	for _, p := range []string{leftInfo, otherInfo, leftSpec, foreign} {
+	mine := []string{
+		leftInfo,
+		// atomicfile's temporary file, killed before its rename
+		filepath.Join(devinfo, "."+filepath.Base(leftInfo)+".tmp-1234"),
+		CDISpecPath(cdiDir, "mellanox.com", "gone"),
+		// the CDI library's temporary file, and a spec killed between
+		// its two renames
+		filepath.Join(staging, "spec.1234.tmp"),
+		CDISpecPath(staging, "mellanox.com", "rails"),
+	}
+	foreign := []string{
+		DevInfoPath(devinfo, "example.com", "other", "0000:18:00.3"),
+		// another pool whose name starts as a served one's
+		DevInfoPath(devinfo, "mellanox.com", "rails-b", "0000:18:00.3"),
+		filepath.Join(devinfo, "."+filepath.Base(DevInfoPath(devinfo, "mellanox.com", "rails-b", "0000:18:00.3"))+".tmp-1"),
+		filepath.Join(cdiDir, "vendor-other.json"),
+		// another vendor's write in flight
+		filepath.Join(cdiDir, "spec.5678.tmp"),
+	}
+	for _, p := range append(slices.Clone(mine), foreign...) {
 		write(p)
 	}
 	h := newHarness(t, func(o *Options) { o.CDIDir = cdiDir; o.DevInfoDir = devinfo }, dgxPools(t)...)
 	h.run()
 	h.registered("mellanox.com/rails", "mellanox.com/storage")
-	for _, p := range []string{leftInfo, leftSpec} {
+	for _, p := range mine {
 		_, err := os.Stat(p)
 		require.ErrorIs(t, err, os.ErrNotExist, p)
 	}
-	for _, p := range []string{otherInfo, foreign, CDISpecPath(cdiDir, "mellanox.com", "rails")} {
+	for _, p := range append(foreign, CDISpecPath(cdiDir, "mellanox.com", "rails")) {
 		_, err := os.Stat(p)
 		require.NoError(t, err, p)
 	}
+	spec, err := cdi.ReadSpec(CDISpecPath(cdiDir, "mellanox.com", "rails"), 0)
+	require.NoError(t, err)
+	require.Equal(t, "mellanox.com/rails", spec.Kind)
+
+	require.NoError(t, h.stop())
+	_, err = os.Stat(staging)
+	require.ErrorIs(t, err, os.ErrNotExist, "a stop leaves no staging directory")
 }
