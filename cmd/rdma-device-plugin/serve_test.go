@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -177,7 +175,7 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 		// the host netns at the same time (go test runs packages in
 		// parallel). Its unix sockets are reachable from anywhere;
 		// /metrics is reached through a dialer in that netns.
-		d.netns = privateNetns(t)
+		d.netns, _ = testnet.Netns(t, "fp-dp-")
 		d.argv = []string{"ip", "netns", "exec", d.netns}
 		if o.dropCaps {
 			d.argv = append(d.argv, "setpriv", "--no-new-privs", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all")
@@ -212,20 +210,6 @@ func (d *daemon) kill() {
 	d.t.Helper()
 	require.NoError(d.t, d.cmd.Process.Kill())
 	<-d.done
-}
-
-// privateNetns creates a named network namespace with loopback up.
-func privateNetns(t testing.TB) string {
-	t.Helper()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := "fp-dp-" + hex.EncodeToString(b)
-	for _, args := range [][]string{{"netns", "add", name}, {"-n", name, "link", "set", "lo", "up"}} {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	return name
 }
 
 // httpClient reaches the daemon's /healthz and /metrics, in its netns.
