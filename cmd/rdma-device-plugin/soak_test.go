@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,10 +33,15 @@ var soakPools = []string{"rdma/hca_shared_devices_a", "mellanox.com/mlnx_sriov_r
 // faults: clients hammer Allocate and GetPreferredAllocation with valid and
 // malformed requests while the kubelet restarts (the stub wipes the
 // directory and serves a new kubelet.sock) and, every fifth cycle, the
-// plugin is SIGKILLed and started again. After every cycle both pools must
-// be registered again (within a second of a kubelet restart), the plugin
-// alive, its fds and RSS bounded; every answer is either right or the
-// error the request deserves; at the end a SIGTERM leaves nothing behind.
+// plugin is SIGKILLed and started again — every other time killed once
+// more a few milliseconds after it registered, in the middle of what a
+// start does then (CDI specs, the sweep of the last run's files). After
+// every cycle both pools must be registered again (within a second of a
+// kubelet restart), the plugin alive, its fds and RSS bounded; after every
+// kill, once the new plugin is ready, no file the killed one left (the
+// temporary files of writes it was killed in) may remain; every answer is
+// either right or the error the request deserves; at the end a SIGTERM
+// leaves nothing behind.
 func TestSoakDevicePlugin(t *testing.T) {
 	budget := testnet.Soak(t, 6*time.Second, 10*time.Minute)
 	const maxCycles = 20000
@@ -54,23 +62,43 @@ func TestSoakDevicePlugin(t *testing.T) {
 	}
 
 	deadline := time.Now().Add(budget)
-	cycles, kills, maxFDs := 0, 0, 0
+	cycles, kills, swept, maxFDs := 0, 0, 0, 0
 	var maxRSS float64
 	for cycles < maxCycles && time.Now().Before(deadline) && !t.Failed() {
 		cycles++
 		drain(d)
 		wait := time.Second
+		var left []string // what the killed plugins left
 		if cycles%5 == 0 {
 			d.kill()
 			kills++
+			left = append(left, d.temporaries()...)
 			d.spawn()
 			wait = 10 * time.Second // a start scans the host first
+			if cycles%10 == 0 {
+				require.NoError(t, registeredAgain(d, wait), "cycle %d (kills %d)", cycles, kills)
+				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+				d.kill()
+				kills++
+				left = append(left, d.temporaries()...)
+				drain(d)
+				d.spawn()
+			}
 		} else {
 			require.NoError(t, d.stub.Restart())
 		}
 		start := time.Now()
 		require.NoError(t, registeredAgain(d, wait), "cycle %d (kills %d)", cycles, kills)
 		require.Less(t, time.Since(start), wait)
+		if left != nil || cycles%5 == 0 {
+			d.waitReady(wait)
+			for _, f := range left {
+				if _, err := os.Lstat(f); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("cycle %d: %s, left by a killed plugin, is still there once the next is ready (%v)", cycles, f, err)
+				}
+			}
+			swept += len(left)
+		}
 		require.NoError(t, syscall.Kill(d.cmd.Process.Pid, 0), "cycle %d: the plugin died; log:\n%s", cycles, d.log.String())
 		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid))
 		require.NoError(t, err)
@@ -91,9 +119,52 @@ func TestSoakDevicePlugin(t *testing.T) {
 	require.Empty(t, leaks)
 	require.Zero(t, panics, "log:\n%s", d.log.String())
 	require.Positive(t, l.allocs.Load(), "the load ran")
-	testnet.SoakReport(t, "device-plugin", "cycles", cycles, "kubelet-restarts", cycles-kills, "kills", kills,
+	testnet.SoakReport(t, "device-plugin", "cycles", cycles, "kubelet-restarts", cycles-cycles/5, "kills", kills,
 		"allocations", l.allocs.Load(), "malformed", l.malformed.Load(), "unavailable", l.unavailable.Load(),
-		"max-fds", maxFDs, "max-rss-MiB", fmt.Sprintf("%.1f", maxRSS), "leaks", len(leaks), "panics", panics)
+		"temporaries-swept", swept, "max-fds", maxFDs, "max-rss-MiB", fmt.Sprintf("%.1f", maxRSS), "leaks", len(leaks), "panics", panics)
+}
+
+// temporaries are the files a write in flight has: atomicfile's
+// .<file>.tmp-* in the device-info directory, anything in the CDI
+// staging directory.
+func (d *daemon) temporaries() []string {
+	d.t.Helper()
+	var out []string
+	ents, err := os.ReadDir(d.devinfo)
+	if !errors.Is(err, fs.ErrNotExist) {
+		require.NoError(d.t, err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") && strings.Contains(e.Name(), ".tmp-") {
+			out = append(out, filepath.Join(d.devinfo, e.Name()))
+		}
+	}
+	staging := filepath.Join(d.cdi, ".fastpath-staging")
+	ents, err = os.ReadDir(staging)
+	if !errors.Is(err, fs.ErrNotExist) {
+		require.NoError(d.t, err)
+	}
+	for _, e := range ents {
+		out = append(out, filepath.Join(staging, e.Name()))
+	}
+	return out
+}
+
+// waitReady waits for /readyz to answer 200: every pool registered and
+// what a start does after registration done.
+func (d *daemon) waitReady(timeout time.Duration) {
+	d.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		code, body := d.get("/readyz")
+		if code == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("not ready within %v: %d %s", timeout, code, body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // listIDs are the device IDs a pool's first ListAndWatch lists.
