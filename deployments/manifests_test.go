@@ -480,6 +480,10 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	flags := pluginFlags(t, c)
 	require.Equal(t, "/host", flags["host-root"], "the node's /sys and /dev are read under /host")
 	require.Equal(t, "/", pluginFlag(flags, "node-root"), "what the plugin hands the kubelet are the node's own /dev paths")
+	// kubectl exec … doctor reads the node where the plugin does.
+	i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "FASTPATH_HOST_ROOT" })
+	require.GreaterOrEqual(t, i, 0, "FASTPATH_HOST_ROOT: doctor's --host-root in the container")
+	require.Equal(t, flags["host-root"], c.Env[i].Value, "FASTPATH_HOST_ROOT vs --host-root")
 
 	// The config file is the ConfigMap's key, mounted as a directory (a
 	// subPath mount never sees an edit).
