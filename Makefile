@@ -94,9 +94,12 @@ image-tar:
 
 # The whole flow on the bundled DGX fixture host, as root: device plugin,
 # allocation, the sriov CNI into a fresh netns (veth stand-ins for the VFs),
-# what the pod got, then DEL and a check that nothing is left behind.
+# what the pod got, then DEL and a check that nothing is left behind. The
+# demo runs in a network namespace of its own (no route to the module
+# proxy), so what its build step needs is downloaded first.
 demo:
 	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it creates a network namespace and veth links standing in for the VFs (sudo make demo)"; exit 2; fi
+	$(GO) list -deps ./cmd/... github.com/containernetworking/plugins/plugins/ipam/host-local >/dev/null
 	$(GO) run ./test/demo --host-root $(HOSTROOT) --config $(CONFIG)
 
 # Every Fuzz... target in the repo, FUZZTIME each (after its committed seed

@@ -29,8 +29,20 @@ const isolatedEnv = "FASTPATH_TEST_ISOLATED"
 // run where they are. The returned code is for os.Exit, after the caller's
 // own cleanup.
 func Main(m *testing.M) int {
-	if os.Geteuid() != 0 || fuzzWorker() {
+	if fuzzWorker() {
 		return m.Run()
+	}
+	return Own(m.Run)
+}
+
+// Own calls run in a network and a mount namespace of the process's own,
+// as Main does for tests (make demo runs the same way, so that its
+// stand-ins never meet the host's links): as root, the binary runs itself
+// again there, with the same arguments, and Own returns its exit code;
+// in that second process, or without root, Own calls run.
+func Own(run func() int) int {
+	if os.Geteuid() != 0 {
+		return run()
 	}
 	if os.Getenv(isolatedEnv) == "" {
 		code, err := reexec()
@@ -44,7 +56,7 @@ func Main(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "testnet:", err)
 		return 1
 	}
-	return m.Run()
+	return run()
 }
 
 func fuzzWorker() bool {
@@ -56,7 +68,7 @@ func fuzzWorker() bool {
 	return false
 }
 
-// reexec runs the test binary again in new network and mount namespaces
+// reexec runs the binary again in new network and mount namespaces
 // and returns its exit code; the child dies with this process.
 func reexec() (int, error) {
 	cmd := exec.Command(os.Args[0], os.Args[1:]...)
@@ -70,12 +82,12 @@ func reexec() (int, error) {
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
 		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 0, fmt.Errorf("isolated test binary: %v", ws.Signal())
+			return 0, fmt.Errorf("isolated %s: %v", os.Args[0], ws.Signal())
 		}
 		return exit.ExitCode(), nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("isolated test binary: %w", err)
+		return 0, fmt.Errorf("isolated %s: %w", os.Args[0], err)
 	}
 	return 0, nil
 }

@@ -33,6 +33,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 
@@ -47,17 +48,22 @@ func main() {
 		fmt.Fprintln(os.Stderr, "make demo needs root: it creates a network namespace and veth links standing in for the VFs (sudo make demo)")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	d := &demo{out: os.Stdout, vfs: *vfs}
-	err := d.run(ctx, *host, *config)
-	if cerr := d.cleanup(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		os.Exit(1)
-	}
+	// The node's network namespace is one of the demo's own: its VF
+	// stand-ins never meet the host's links, nor survive a killed demo.
+	os.Exit(testnet.Own(func() int {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		d := &demo{out: os.Stdout, vfs: *vfs}
+		err := d.run(ctx, *host, *config)
+		if cerr := d.cleanup(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			return 1
+		}
+		return 0
+	}))
 }
 
 type demo struct {
