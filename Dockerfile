@@ -35,7 +35,11 @@ COPY . .
 ENV CGO_ENABLED=0
 ENV VERSION_PKG=github.com/fastpath-k8s/fastpath/internal/version
 ENV LDFLAGS="-s -w -X ${VERSION_PKG}.Version=${VERSION} -X ${VERSION_PKG}.Revision=${REVISION}"
-RUN GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace -ldflags "$LDFLAGS" -o /out/rdma-device-plugin ./cmd/rdma-device-plugin \
+# Two builds of the device plugin: the default DaemonSet's, without DRA
+# (-tags nodra: no Kubernetes API client linked), and the one
+# deployments/components/dra runs, /usr/bin/rdma-device-plugin-dra.
+RUN GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace,nodra -ldflags "$LDFLAGS" -o /out/rdma-device-plugin ./cmd/rdma-device-plugin \
+ && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace -ldflags "$LDFLAGS" -o /out/rdma-device-plugin-dra ./cmd/rdma-device-plugin \
  && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace -ldflags "$LDFLAGS" -o /out/sriov ./cmd/sriov-cni
 
 # Debian slim rather than distroless: the init container installs the CNI
@@ -52,6 +56,7 @@ LABEL org.opencontainers.image.title="fastpath" \
 # finds this copy; with --host-root=/host it uses the node's own.
 COPY --from=build /usr/share/misc/pci.ids /usr/share/misc/pci.ids
 COPY --from=build /out/rdma-device-plugin /usr/bin/rdma-device-plugin
+COPY --from=build /out/rdma-device-plugin-dra /usr/bin/rdma-device-plugin-dra
 COPY --from=build /out/sriov /usr/bin/sriov
 # Non-root by default (`discover` only reads sysfs). The DaemonSet runs both
 # containers as root, without capabilities: the device plugin creates its

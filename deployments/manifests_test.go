@@ -689,13 +689,17 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]string{
-		pluginBinary: "./cmd/rdma-device-plugin",
-		cniBinary:    "./cmd/sriov-cni",
+		pluginBinary:    "./cmd/rdma-device-plugin",
+		pluginBinaryDRA: "./cmd/rdma-device-plugin",
+		cniBinary:       "./cmd/sriov-cni",
 	}, installed)
+	// The default DaemonSet's plugin is the lean build; components/dra's is not.
+	require.Regexp(t, `-tags \S*\bnodra\b\S* .*-o /out/rdma-device-plugin \./cmd/`, df)
+	require.NotRegexp(t, `-tags \S*\bnodra\b\S* .*-o /out/rdma-device-plugin-dra `, df)
 	require.Regexp(t, `(?m)^COPY\s+--from=\S+\s+\S*pci\.ids\s+/usr/share/misc/pci\.ids\s*$`, df)
 	require.Regexp(t, `CGO_ENABLED=0`, df)
-	// --version tells which build runs: both binaries get the version.
+	// --version tells which build runs: every binary gets the version.
 	require.Regexp(t, `(?m)^ENV VERSION_PKG=github\.com/fastpath-k8s/fastpath/internal/version$`, df)
 	require.Regexp(t, `-X \$\{VERSION_PKG\}\.Version=\$\{VERSION\} -X \$\{VERSION_PKG\}\.Revision=\$\{REVISION\}`, df)
-	require.Equal(t, 2, strings.Count(df, `-ldflags "$LDFLAGS"`), "both go builds embed the version")
+	require.Equal(t, 3, strings.Count(df, `-ldflags "$LDFLAGS"`), "every go build embeds the version")
 }

@@ -4,6 +4,7 @@
 # `docker load`, `podman load` and `ctr -n k8s.io images import` read.
 #
 #   /usr/bin/rdma-device-plugin, /usr/bin/sriov  static, version embedded
+#   /usr/bin/rdma-device-plugin-dra              the build with DRA
 #   /usr/share/misc/pci.ids                      Debian's pci.ids package
 #   /bin/busybox and /bin/{sh,cp,mv,chmod}       Debian's busybox-static: the
 #                                                init container's shell
@@ -68,7 +69,10 @@ trap 'rm -rf "$stage"' EXIT
 vpkg=github.com/fastpath-k8s/fastpath/internal/version
 ldflags="-s -w -X $vpkg.Version=$VERSION -X $vpkg.Revision=$REVISION"
 CGO_ENABLED=0 GOOS=linux GOARCH=$GOARCH GOFLAGS=${GOFLAGS:-} \
-	go build -trimpath -tags grpcnotrace -ldflags "$ldflags" -o "$stage/rdma-device-plugin" ./cmd/rdma-device-plugin
+	go build -trimpath -tags grpcnotrace,nodra -ldflags "$ldflags" -o "$stage/rdma-device-plugin" ./cmd/rdma-device-plugin
+# The build with DRA (deployments/components/dra runs it).
+CGO_ENABLED=0 GOOS=linux GOARCH=$GOARCH GOFLAGS=${GOFLAGS:-} \
+	go build -trimpath -tags grpcnotrace -ldflags "$ldflags" -o "$stage/rdma-device-plugin-dra" ./cmd/rdma-device-plugin
 CGO_ENABLED=0 GOOS=linux GOARCH=$GOARCH GOFLAGS=${GOFLAGS:-} \
 	go build -trimpath -tags grpcnotrace -ldflags "$ldflags" -o "$stage/sriov" ./cmd/sriov-cni
 # The tool itself runs here, whatever GOARCH the image is for.
@@ -84,6 +88,7 @@ mkdir -p "$(dirname "$OUT")"
 	-label "org.opencontainers.image.version=$VERSION" \
 	-label "org.opencontainers.image.revision=$REVISION" \
 	"/usr/bin/rdma-device-plugin=$stage/rdma-device-plugin" \
+	"/usr/bin/rdma-device-plugin-dra=$stage/rdma-device-plugin-dra" \
 	"/usr/bin/sriov=$stage/sriov" \
 	"/usr/share/misc/pci.ids=$PCI_IDS" \
 	"/bin/busybox=$BUSYBOX" \
