@@ -138,6 +138,13 @@ build_workload_image() {
 	log "workload image $WORKLOAD_IMAGE: $d/workload.tar (${#entries[@]} entries)"
 }
 
+# build_gpu_standin builds the stand-in GPU DRA driver of the DRA phase
+# (test/e2e-cluster/cmd/gpu-standin), a host process like the kubelet.
+build_gpu_standin() {
+	(cd "$REPO" && go build -o "$WORK/bin/gpu-standin" ./test/e2e-cluster/cmd/gpu-standin)
+	log "gpu-standin built"
+}
+
 cluster_main() {
 	local t0
 	t0=$(date +%s.%N)
@@ -152,6 +159,7 @@ cluster_main() {
 	fetch_crds
 	build_pause_image
 	build_repo
+	build_gpu_standin
 	build_image
 	build_workload_image
 	log "build done in $(elapsed "$t0")s"

@@ -4,7 +4,8 @@
 # kubelet registered as a Node, containerd and runc, Multus (thin plugin)
 # over the reference bridge, whereabouts — with deployments/ applied as
 # shipped through `kubectl apply -k`, the seed's NAD and training pod, and
-# deployments/examples/. The node is the DGX H100 fixture host. See
+# deployments/examples/; then the DRA phase (dra.sh) with
+# deployments/components/dra. The node is the DGX H100 fixture host. See
 # test/e2e-cluster/README.md for what it checks and why.
 #
 # Usage (root): make e2e-cluster   or   test/e2e-cluster/run.sh
@@ -16,6 +17,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 source "$CLUSTER_DIR/cluster.sh"
 source "$CLUSTER_DIR/checks.sh"
+source "$CLUSTER_DIR/dra.sh"
 
 HOST=$RUN/host # copy of the fixture host, with real char devices
 FIXTURE=$REPO/testdata/sysfs/dgx-h100
@@ -32,7 +34,7 @@ KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_
 # the kubelet's root, whereabouts' flat file, the CNI state): removed on exit
 # when they were not there before.
 HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/netns /usr/libexec/kubernetes
-	/opt/cni /etc/cni /run/k8s.cni.cncf.io /var/lib/cni /var/lib/cni/results /var/lib/cni/sriov)
+	/opt/cni /etc/cni /run/k8s.cni.cncf.io /var/lib/cni /var/lib/cni/results /var/lib/cni/sriov /var/run/cdi)
 
 # ---------------------------------------------------------------- preflight
 
@@ -168,10 +170,11 @@ cleanup() {
 	if running kube-apiserver && running kubelet; then
 		kubectl delete pods --all -n default --wait=false >/dev/null 2>&1
 		kubectl delete -k "$RUN/deploy" --wait=false >/dev/null 2>&1
+		[[ -d $RUN/deploy-dra ]] && kubectl delete -k "$RUN/deploy-dra" --wait=false >/dev/null 2>&1
 		wait_for 90 "kubelet stopped the pods" no_pod_tasks
 	fi
 	local p
-	for p in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
+	for p in gpu-standin kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
 	local rroot=$C/runc/k8s.io id
 	if [[ -d $rroot ]]; then
 		for id in $(runc --root "$rroot" list -q 2>/dev/null); do
@@ -236,7 +239,7 @@ cleanup() {
 # check_restored compares the host with the snapshot taken at the start.
 check_restored() {
 	local before=$RUN/before p left=
-	for p in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
+	for p in gpu-standin kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
 		[[ -f $RUN/pids/$p ]] && left+=" $p"
 	done
 	check "no process of the run left" test -z "$left"
@@ -306,6 +309,7 @@ main() {
 	test_plugin_restart
 	test_kubelet_restart
 	test_delete
+	test_dra
 	log "test steps done in $(elapsed "$t0")s"
 }
 

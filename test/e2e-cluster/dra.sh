@@ -1,0 +1,417 @@
+# shellcheck shell=bash
+# The DRA phase of make e2e-cluster (sourced by run.sh, run after the device
+# plugin's checks): the same DaemonSet with deployments/components/dra, the
+# VF pool served through DRA; a stand-in GPU DRA driver publishing the
+# fixture host's GPUs; the shipped example claims (a GPU and a VF on one
+# PCIe root) scheduled by the real scheduler, prepared through CDI in
+# containerd, the VF attached by Multus through the sriov CNI; a claim
+# whose constraint cannot be met; the plugin killed with prepared claims;
+# deleting the pods unprepares and restores.
+
+DRA_DRIVER=rdma.fastpath-k8s.io
+GPU_DRIVER=gpu.e2e.fastpath-k8s.io
+GPU_CLASS=gpu.nvidia.com # the class the shipped examples ask for
+VF_CLASS=mlnx-sriov-rdma.fastpath-k8s.io # deployments/components/dra/deviceclass.yaml
+CDI_DIR=/var/run/cdi
+DRA_PLUGIN_DIR=$K/plugins/$DRA_DRIVER
+DRA_EXAMPLES=$REPO/deployments/components/dra/examples
+TEMPLATE_POD=nccl-train-aligned
+MULTUS_POD=nccl-train-rank-0
+MULTUS_CLAIM=rank-0-gpu-vf
+MULTUS_NAD=rank-0-rail
+STUCK_POD=nccl-unalignable
+STUCK_CLAIM=unalignable
+
+# ------------------------------------------------------------ helpers
+
+# slice_devices DRIVER prints the node's published devices of DRIVER as JSON
+# lines {name, attrs, taints}; attribute values flattened to strings.
+slice_devices() {
+	kubectl get resourceslices -o json | jq -c --arg d "$1" --arg n "$NODE" '.items[]
+		| select(.spec.driver == $d and .spec.nodeName == $n) | .spec.devices[]?
+		| {name, taints: ([.taints[]?.value] | join(",")),
+		   attrs: ((.attributes // {}) | with_entries(.value |= (.string // .int // .bool | tostring)))}'
+}
+device_count() { slice_devices "$1" | wc -l; }
+count_is() { [[ $(device_count "$1") == "$2" ]]; }
+# dev_attr DRIVER DEVICE ATTR prints one attribute of a published device.
+dev_attr() { slice_devices "$1" | jq -r --arg n "$2" --arg a "$3" 'select(.name == $n) | .attrs[$a] // ""'; }
+# vf_of_device DEVICE prints the PCI address of our published device.
+vf_of_device() { dev_attr "$DRA_DRIVER" "$1" k8s.cni.cncf.io/deviceID; }
+# claim_device NS CLAIM DRIVER prints the device a claim got from DRIVER.
+claim_device() {
+	kubectl -n "$1" get resourceclaim "$2" -o json |
+		jq -r --arg d "$3" '[.status.allocation.devices.results[]? | select(.driver == $d) | .device] | join(",")'
+}
+# claim_unallocated NS CLAIM: the claim exists and has no allocation.
+claim_unallocated() { kubectl -n "$1" get resourceclaim "$2" -o json | jq -e '.status.allocation == null' >/dev/null; }
+# pod_claim NS POD prints the name of the ResourceClaim made for the pod's first claim.
+pod_claim() { kubectl -n "$1" get pod "$2" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
+claim_uid() { kubectl -n "$1" get resourceclaim "$2" -o jsonpath='{.metadata.uid}'; }
+gpu_addr() { local a=${1#gpu-}; echo "${a:0:4}:${a:5:2}:${a:8:2}.${a:11:1}"; }
+gpu_device() { local a=${1//:/-}; echo "gpu-${a//./-}"; }
+# allocated_gpus prints the stand-in's devices that claims hold, one a line.
+allocated_gpus() {
+	kubectl get resourceclaims -A -o json |
+		jq -r --arg d "$GPU_DRIVER" '.items[].status.allocation.devices.results[]? | select(.driver == $d) | .device'
+}
+tainted_count() { slice_devices "$DRA_DRIVER" | jq -s --arg p "$1" '[.[] | select(.attrs.pfPciAddress == $p and .taints != "")] | length'; }
+published_count() { slice_devices "$DRA_DRIVER" | jq -s --arg p "$1" '[.[] | select(.attrs.pfPciAddress == $p)] | length'; }
+# rail_vfs PF prints how many of the pool's VFs the PF has (discover).
+rail_vfs() {
+	jq --arg r "$RESOURCE" --arg p "$1" '[.pools[] | select(.resource == $r) | .devices[]] as $pool
+		| [.devices[] | select(.pfAddress == $p) | .pciAddress | select(. as $a | $pool | index($a))] | length' "$RUN/discover.json"
+}
+# rail_unusable PF: its VFs are tainted or (without DRADeviceTaints) unpublished.
+rail_unusable() { (($(tainted_count "$1") == $(rail_vfs "$1") || $(published_count "$1") == 0)); }
+rail_usable() { (($(tainted_count "$1") == 0 && $(published_count "$1") == $(rail_vfs "$1"))); }
+our_cdi_specs() { find "$CDI_DIR" -maxdepth 1 -name "$DRA_DRIVER-vf_*.json" -printf '%f\n' 2>/dev/null | sort; }
+gpu_cdi_specs() { find "$CDI_DIR" -maxdepth 1 -name "$GPU_DRIVER-gpu_*.json" -printf '%f\n' 2>/dev/null | sort; }
+checkpoint_claims() { jq '.claims | length' "$DRA_PLUGIN_DIR/checkpoint.json" 2>/dev/null || echo missing; }
+checkpoint_is() { [[ $(checkpoint_claims) == "$1" ]]; }
+no_cdi_specs() { [[ -z $("$1") ]]; }
+pod_pending_unschedulable() {
+	[[ $(pod_phase "$1" "$2") == Pending ]] &&
+		kubectl -n "$1" get pod "$2" -o json | jq -e '.status.conditions[]? | select(.type == "PodScheduled" and .status == "False" and .reason == "Unschedulable")' >/dev/null
+}
+plugin_log_has() { plugin_log | grep -qF "$1"; }
+no_dra_pods() { [[ -z $(kubectl -n default get pods -o name) ]]; }
+
+# dra_require is require that, when the wait fails, first writes the DRA
+# objects' state, the events and the plugin's log to $RUN/logs/dra-state.log.
+dra_require() {
+	local what=$1 timeout=$2
+	shift 2
+	if ! wait_for "$timeout" "$what" "$@"; then
+		dra_dump
+		fail "$what (within ${timeout}s; state in $RUN/logs/dra-state.log)"
+		show_logs
+		exit 1
+	fi
+	pass "$what"
+}
+dra_dump() {
+	{
+		kubectl get resourceslices -o wide
+		kubectl get resourceclaims -A -o yaml
+		plugin_log | tail -n 30
+		kubectl get events -A --sort-by=.lastTimestamp | tail -n 30
+		kubectl get pods,resourceclaims -A -o wide
+	} >"$RUN/logs/dra-state.log" 2>&1
+}
+
+# check_aligned WHAT GPU VFDEV: the GPU and the VF a claim got are
+# published with one pcieRoot.
+check_aligned() {
+	local g v
+	g=$(dev_attr "$GPU_DRIVER" "$2" resource.kubernetes.io/pcieRoot)
+	v=$(dev_attr "$DRA_DRIVER" "$3" resource.kubernetes.io/pcieRoot)
+	check "$1: the VF ($3) is under the GPU's ($2) PCIe root ($g, $v)" test -n "$g" -a "$g" = "$v"
+}
+# dra_pods prints the DRA phase's pods with their containers' host PIDs.
+dra_pods() {
+	local p
+	for p in "$TEMPLATE_POD" "$MULTUS_POD" "$STUCK_POD"; do printf '%s=%s ' "$p" "$(task_pid default "$p" train)"; done
+}
+# claim_released NS CLAIM: allocated to nothing, reserved for no pod.
+claim_released() {
+	kubectl -n "$1" get resourceclaim "$2" -o json | jq -e '.status.allocation == null and (.status.reservedFor // [] | length) == 0' >/dev/null
+}
+claim_gone() { ! kubectl -n "$1" get resourceclaim "$2" >/dev/null 2>&1; }
+
+# dra_check_pod NS POD CONTAINER VF [NAD RANGE]: what the pod got for its
+# VF through its claim: exactly the VF's char devices and its env (CDI);
+# with a NAD, the VF's stand-in as net<N> with a whereabouts address and
+# the network-status device-info of the VF (Multus through the sriov CNI).
+dra_check_pod() {
+	local ns=$1 pod=$2 ctr_name=$3 vf=$4 nad=${5:-} range=${6:-} pid want_devs got_devs rdma
+	pid=$(task_pid "$ns" "$pod" "$ctr_name")
+	want_devs=$(vf_field "$vf" 'charDevices[]' | xargs -n1 basename | sort -u | xargs)
+	got_devs=$(find "/proc/$pid/root/dev/infiniband" -mindepth 1 -printf '%f\n' 2>/dev/null | sort | xargs)
+	expect "$pod: /dev/infiniband holds exactly its VF's char devices (CDI)" "$want_devs" "$got_devs"
+	expect "$pod: $RESOURCE_ENV names its VF (CDI)" "$vf" "$(pod_env "$pid" "$RESOURCE_ENV")"
+	rdma=$(vf_field "$vf" rdmaDevice)
+	expect "$pod: NCCL_IB_HCA names its VF's RDMA device (CDI)" "=$rdma:1" "$(pod_env "$pid" NCCL_IB_HCA)"
+	expect "$pod: UCX_NET_DEVICES (CDI)" "$rdma:1" "$(pod_env "$pid" UCX_NET_DEVICES)"
+	[[ -n $nad ]] || return 0
+	local mac ifname addr status prefix=${range%.*}
+	mac=$(mac_of "$vf")
+	ifname=$(in_pod "$pid" ip -br link 2>/dev/null | awk -v m="$mac" '$3 == m { sub(/@.*/, "", $1); print $1 }')
+	check "$pod: $vf's stand-in $(standin_of "$vf") is in the pod as net<N> by MAC $mac (got '$ifname')" \
+		matches "$ifname" '^net[0-9]+$'
+	addr=$(in_pod "$pid" ip -4 -br addr show "$ifname" 2>/dev/null | awk '{ print $3 }')
+	check "$pod: $ifname has a whereabouts address in $range ($addr)" matches "$addr" "^${prefix//./\\.}\\.[0-9]+/"
+	status=$(kubectl -n "$ns" get pod "$pod" -o json | jq -r '.metadata.annotations["k8s.v1.cni.cncf.io/network-status"] // "[]"')
+	check "$pod: network-status has $ns/$nad on $ifname with device-info pci-address $vf" \
+		jq -e --arg i "$ifname" --arg n "$ns/$nad" --arg a "$vf" \
+		'any(.[]; .interface == $i and .name == $n and .["device-info"].pci["pci-address"] == $a)' <<<"$status"
+}
+
+# dra_workload DIR FILES...: an overlay of example files with the image
+# replaced and the CPU and memory requests cut to what this node has.
+dra_workload() {
+	local dir=$1 f p
+	shift
+	mkdir -p "$dir/files"
+	local files=()
+	for f in "$@"; do
+		cp "$f" "$dir/files/"
+		files+=("files/$(basename "$f")")
+	done
+	{
+		cat <<EOF
+namespace: default
+images:
+  - name: nvcr.io/nvidia/pytorch
+    newName: ${WORKLOAD_IMAGE%:*}
+    newTag: "${WORKLOAD_IMAGE##*:}"
+patches:
+EOF
+		for p in $(awk '/^kind: Pod$/ { pod = 1 } pod && /^  name: / { print $2; pod = 0 }' "$@"); do
+			cat <<EOF
+  - target: {kind: Pod, name: $p}
+    patch: |-
+      - {op: replace, path: /spec/containers/0/resources/requests/cpu, value: 100m}
+      - {op: replace, path: /spec/containers/0/resources/requests/memory, value: 256Mi}
+      - {op: replace, path: /spec/containers/0/resources/limits/memory, value: 256Mi}
+EOF
+		done
+	} | write_overlay "$dir" "${files[@]}"
+}
+
+# ------------------------------------------------------------ the phase
+
+test_dra() {
+	dra_deploy
+	dra_gpu_standin
+	dra_template_pod
+	dra_multus_pod
+	dra_unsatisfiable
+	dra_plugin_restart
+	dra_delete
+}
+
+# dra_deploy applies the device plugin's overlay (image, fixture host root)
+# with the DRA component on top, as a user turns it on.
+dra_deploy() {
+	mkdir -p "$RUN/deploy-dra"
+	cp "$RUN/deploy/kustomization.yaml" "$RUN/deploy-dra/"
+	# This cluster has no kube-proxy: the kubernetes Service's address,
+	# which in-cluster clients dial, leads nowhere. The plugin (on the host
+	# network) reaches the API server where it listens, as a node's own
+	# components do — the one change the DRA side needs here.
+	cat >>"$RUN/deploy-dra/kustomization.yaml" <<EOF
+  - target: {kind: DaemonSet, name: $DS}
+    patch: |-
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}}
+EOF
+	echo "components: [$(realpath --relative-to="$RUN/deploy-dra" "$REPO/deployments/components/dra")]" >>"$RUN/deploy-dra/kustomization.yaml"
+	kubectl kustomize "$RUN/deploy-dra" >"$RUN/deploy-dra.yaml"
+	check "kubectl kustomize with components/dra runs /usr/bin/rdma-device-plugin-dra" \
+		grep -q 'rdma-device-plugin-dra' "$RUN/deploy-dra.yaml"
+	check "kubectl apply -k of the overlay with components/dra" kubectl apply -k "$RUN/deploy-dra"
+	require "DaemonSet $DS_NS/$DS (DRA build) Ready on $NODE" 180 ds_ready
+	require "ResourceSlices of $DRA_DRIVER list the $WANT_VFS VFs" 60 count_is "$DRA_DRIVER" "$WANT_VFS"
+	require "node allocatable $SHARED_RESOURCE = $WANT_SHARED (the shared pool stays the device plugin's)" 30 \
+		allocatable_is "$SHARED_RESOURCE" "$WANT_SHARED"
+	check "node allocatable has no $RESOURCE: the VF pool is served by DRA only" wait_for 30 "no $RESOURCE" allocatable_is "$RESOURCE" 0
+	# Every VF of the pool, published with the attributes discover finds
+	# for it (the standard ones and fastpath's), and nothing else.
+	local want got
+	want=$(jq -S -c --arg r "$RESOURCE" '[.pools[] | select(.resource == $r) | .devices[]] as $pool
+		| [.devices[] | select(.pciAddress as $a | $pool | index($a)) | {name: (.pciAddress | gsub("[:.]"; "-")), attrs: {
+			"resource.kubernetes.io/pcieRoot": .pcieRoot, "resource.kubernetes.io/pciBusID": .pciAddress,
+			"resource.kubernetes.io/numaNode": (.numaNode | tostring),
+			"k8s.cni.cncf.io/deviceID": .pciAddress, "k8s.cni.cncf.io/resourceName": $r,
+			linkType, rdmaDevice, netdev, pfNetdev, driver, pfPciAddress: .pfAddress, vfIndex: (.vfIndex | tostring)}
+			| with_entries(select(.value != "" and .value != "-1"))}]
+		| sort_by(.name) | .[]' "$RUN/discover.json")
+	got=$(slice_devices "$DRA_DRIVER" | jq -s -S -c 'map({name, attrs}) | sort_by(.name) | .[]')
+	check "ResourceSlices: each of the $WANT_VFS VFs with discover's pcieRoot, pciBusID, numaNode, deviceID, resourceName, linkType, rdmaDevice, netdev, PF, vfIndex, driver" \
+		test "$got" = "$want"
+	[[ $got == "$want" ]] || diff <(echo "$want") <(echo "$got") >&2 || true
+	# The admission policy: the plugin's account, with a token bound to its
+	# pod (so naming its node), may not write another node's slice.
+	local pod token
+	pod=$(kubectl -n "$DS_NS" get pods -l "app.kubernetes.io/name=$DS" -o jsonpath='{.items[0].metadata.name}')
+	token=$(kubectl -n "$DS_NS" create token "$DS" --bound-object-kind Pod --bound-object-name "$pod" --duration 10m)
+	kubeconfig dra-plugin "token:$token"
+	if "$WORK/bin/kubectl" --kubeconfig "$KCFG/dra-plugin.kubeconfig" create -f - >"$RUN/logs/vap.log" 2>&1 <<EOF; then
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: e2e-other-node}
+spec: {driver: $DRA_DRIVER, nodeName: other-node, pool: {name: other-node, generation: 1, resourceSliceCount: 1}}
+EOF
+		fail "the plugin's account wrote a ResourceSlice of another node"
+		kubectl delete resourceslice e2e-other-node >/dev/null 2>&1
+	else
+		check "the plugin's account may not write another node's ResourceSlice ($(tail -c 160 "$RUN/logs/vap.log" | tr '\n' ' '))" \
+			grep -q "may only manage that node's ResourceSlices" "$RUN/logs/vap.log"
+	fi
+}
+
+# dra_gpu_standin runs the stand-in GPU DRA driver on the node (as the
+# kubelet runs: a host process) and the GPU DeviceClass the examples name.
+dra_gpu_standin() {
+	start gpu-standin "$WORK/bin/gpu-standin" --host-root "$HOST" --kubeconfig "$KCFG/admin.kubeconfig" --node-name "$NODE"
+	kubectl apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: $GPU_CLASS}
+spec:
+  selectors:
+    - cel: {expression: 'device.driver == "$GPU_DRIVER"'}
+EOF
+	require "ResourceSlices of $GPU_DRIVER list the fixture's 8 GPUs" 60 count_is "$GPU_DRIVER" 8
+}
+
+# dra_template_pod: the shipped ResourceClaimTemplate (a GPU and a VF with
+# matchAttribute pcieRoot) and its pod. The scheduler allocates; the pod
+# gets the VF's char devices and env, and the GPU's, through CDI.
+dra_template_pod() {
+	dra_workload "$RUN/dra-template" "$DRA_EXAMPLES/gpu-vf-template.yaml"
+	check "kubectl apply -k of the GPU+VF claim template and its pod" kubectl apply -k "$RUN/dra-template"
+	dra_require "pod $TEMPLATE_POD Running" 180 pod_running default "$TEMPLATE_POD"
+	local claim gpu vfdev vf pid
+	claim=$(pod_claim default "$TEMPLATE_POD")
+	gpu=$(claim_device default "$claim" "$GPU_DRIVER")
+	vfdev=$(claim_device default "$claim" "$DRA_DRIVER")
+	vf=$(vf_of_device "$vfdev")
+	TEMPLATE_VF=$vf
+	TEMPLATE_CLAIM=$claim
+	expect "$TEMPLATE_POD placed by the default scheduler" default-scheduler \
+		"$(kubectl -n default get events --field-selector "involvedObject.name=$TEMPLATE_POD,reason=Scheduled" -o json | jq -r '[.items[] | .reportingComponent // .source.component] | unique | join(",")')"
+	check "claim $claim: a GPU ($gpu) and a VF ($vf)" test -n "$gpu" -a -n "$vf"
+	check_aligned "claim $claim" "$gpu" "$vfdev"
+	dra_check_pod default "$TEMPLATE_POD" train "$vf"
+	pid=$(task_pid default "$TEMPLATE_POD" train)
+	expect "$TEMPLATE_POD: the GPU's env (the stand-in's CDI spec)" "$(gpu_addr "$gpu")" "$(pod_env "$pid" E2E_GPU_PCI_BUS_ID)"
+	check "$TEMPLATE_POD: its claim's CDI spec is in $CDI_DIR" test -f "$CDI_DIR/$DRA_DRIVER-vf_$(claim_uid default "$claim").json"
+	check "$TEMPLATE_POD: a device-info file for its VF under the claim's name" test -f "$DEVINFO_DIR/$claim-$vf-device.json"
+}
+
+# dra_multus_pod: the shipped ResourceClaim + NAD + pod: Multus v4.3.0
+# finds the VF's PCI address in the claim's CDI names and hands it to the
+# sriov CNI, unchanged, as deviceID.
+dra_multus_pod() {
+	dra_workload "$RUN/dra-multus" "$DRA_EXAMPLES/gpu-vf-multus.yaml"
+	check "kubectl apply -k of the GPU+VF claim, its NAD and pod" kubectl apply -k "$RUN/dra-multus"
+	dra_require "pod $MULTUS_POD Running" 180 pod_running default "$MULTUS_POD"
+	local gpu vfdev vf
+	gpu=$(claim_device default "$MULTUS_CLAIM" "$GPU_DRIVER")
+	vfdev=$(claim_device default "$MULTUS_CLAIM" "$DRA_DRIVER")
+	vf=$(vf_of_device "$vfdev")
+	check_aligned "claim $MULTUS_CLAIM" "$gpu" "$vfdev"
+	check "claim $MULTUS_CLAIM: a VF ($vf), not the template pod's ($TEMPLATE_VF)" test -n "$vf" -a "$vf" != "$TEMPLATE_VF"
+	dra_check_pod default "$MULTUS_POD" train "$vf" "$MULTUS_NAD" "$EXAMPLE_RANGE"
+	expect "whereabouts IPPool $EXAMPLE_RANGE holds the pod" "default/$MULTUS_POD" "$(ippool_pods "$EXAMPLE_RANGE" | xargs)"
+}
+
+# dra_unsatisfiable: with a rail's PF down its VFs are unusable; a claim
+# pinned to that rail's GPU must stay unallocated (not a VF of another
+# rail), and get the rail's VF once the PF is up again.
+dra_unsatisfiable() {
+	local pf pfaddr gpuaddr='' taken
+	# A rail whose GPU no claim holds yet: the fixture's GPU of a rail is on
+	# the bus after its NIC's, under the same switch (and PCIe root).
+	taken=$(allocated_gpus)
+	for pf in $(tac "$RUN/pf-standins"); do
+		pfaddr=$(jq -r --arg n "$pf" '.devices[] | select(.netdev == $n and .pfAddress == "") | .pciAddress' "$RUN/discover.json")
+		gpuaddr=$(printf '%s:%02x:00.0' "${pfaddr:0:4}" $((16#${pfaddr:5:2} + 1)))
+		grep -qxF "$(gpu_device "$gpuaddr")" <<<"$taken" || break
+		gpuaddr=
+	done
+	require "a rail whose GPU no claim holds (GPU $gpuaddr, PF $pf)" 1 test -n "$gpuaddr"
+	local root
+	root=$(dev_attr "$GPU_DRIVER" "$(gpu_device "$gpuaddr")" resource.kubernetes.io/pcieRoot)
+	check "GPU $gpuaddr ($root) is on the PCIe root of PF $pfaddr's VFs" test -n "$root" -a "$root" = "$(vf_field "$pfaddr" pcieRoot)"
+	ip link set "$pf" down
+	require "PF $pf down: its VFs tainted (or, without DRADeviceTaints, unpublished)" 10 rail_unusable "$pfaddr"
+	if (($(tainted_count "$pfaddr") == $(rail_vfs "$pfaddr"))); then
+		pass "unusable VFs are published with the taint $DRA_DRIVER/unhealthy=pf-link-down:NoSchedule"
+	else
+		skip "the API server dropped device taints (DRADeviceTaints off): unusable VFs are left out instead"
+	fi
+	kubectl apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $STUCK_CLAIM, namespace: default}
+spec:
+  devices:
+    requests:
+      - name: gpu
+        exactly:
+          deviceClassName: $GPU_CLASS
+          selectors: [{cel: {expression: 'device.attributes["resource.kubernetes.io"].pciBusID == "$gpuaddr"'}}]
+      - name: vf
+        exactly: {deviceClassName: $VF_CLASS}
+    constraints:
+      - {requests: [gpu, vf], matchAttribute: resource.kubernetes.io/pcieRoot}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $STUCK_POD, namespace: default}
+spec:
+  restartPolicy: Never
+  resourceClaims: [{name: gpu-vf, resourceClaimName: $STUCK_CLAIM}]
+  containers:
+    - name: train
+      image: $WORKLOAD_IMAGE
+      command: ["sleep", "3600"]
+      resources: {claims: [{name: gpu-vf}]}
+EOF
+	dra_require "pod $STUCK_POD unschedulable while no VF of the GPU's rail is usable" 60 pod_pending_unschedulable default "$STUCK_POD"
+	check "claim $STUCK_CLAIM stays unallocated (not a VF of another rail)" claim_unallocated default "$STUCK_CLAIM"
+	ip link set "$pf" up
+	require "PF $pf up: its VFs usable again" 10 rail_usable "$pfaddr"
+	dra_require "pod $STUCK_POD Running once the rail is up" 120 pod_running default "$STUCK_POD"
+	expect "claim $STUCK_CLAIM: its VF is on the GPU's rail" "$pfaddr" \
+		"$(dev_attr "$DRA_DRIVER" "$(claim_device default "$STUCK_CLAIM" "$DRA_DRIVER")" pfPciAddress)"
+}
+
+# dra_plugin_restart kills the DRA plugin with three claims prepared: it
+# comes back with them from its checkpoint, the pods run on.
+dra_plugin_restart() {
+	local pid restarts before
+	before=$(dra_pods)
+	check "the three DRA pods run ($before)" matches "$before" "^$TEMPLATE_POD=[0-9]+ $MULTUS_POD=[0-9]+ $STUCK_POD=[0-9]+ \$"
+	expect "prepared claims in the DRA plugin's checkpoint" 3 "$(checkpoint_claims)"
+	restarts=$(restart_count)
+	pid=$(task_pid "$DS_NS" "$(kubectl -n "$DS_NS" get pods -l "app.kubernetes.io/name=$DS" -o jsonpath='{.items[0].metadata.name}')" "$DS")
+	kill -KILL "$pid"
+	require "DRA plugin (pid $pid) killed: restarted by the kubelet" 60 restarted "$restarts"
+	require "DaemonSet Ready again" 120 ds_ready
+	check "the restarted plugin loaded its 3 prepared claims" wait_for 30 "checkpoint loaded" plugin_log_has '"preparedClaims":3'
+	check "ResourceSlices still list the $WANT_VFS VFs" count_is "$DRA_DRIVER" "$WANT_VFS"
+	expect "pods keep their containers across the plugin restart" "$before" "$(dra_pods)"
+	check "the claims' CDI specs are still there" test "$(our_cdi_specs | wc -l)" = 3
+}
+
+# dra_delete deletes the pods: their claims are released (the template's
+# deleted with its pod, the others deallocated), the (restarted) plugin
+# unprepares them — CDI specs, device-info files and checkpoint entries
+# gone — and the VFs' stand-ins are back on the host.
+dra_delete() {
+	kubectl -n default delete pod "$TEMPLATE_POD" "$MULTUS_POD" "$STUCK_POD" --wait=false >/dev/null
+	dra_require "DRA pods deleted" 120 no_dra_pods
+	check "claim $TEMPLATE_CLAIM (made from the template) deleted with its pod" \
+		wait_for 30 "template claim gone" claim_gone default "$TEMPLATE_CLAIM"
+	check "claim $MULTUS_CLAIM released: deallocated, reserved for no pod" \
+		wait_for 30 "claim released" claim_released default "$MULTUS_CLAIM"
+	check "claim $STUCK_CLAIM released: deallocated, reserved for no pod" \
+		wait_for 30 "claim released" claim_released default "$STUCK_CLAIM"
+	kubectl delete -k "$RUN/dra-template" --ignore-not-found >/dev/null
+	kubectl delete -k "$RUN/dra-multus" --ignore-not-found >/dev/null
+	kubectl -n default delete resourceclaim "$STUCK_CLAIM" >/dev/null
+	check "claims unprepared: no $DRA_DRIVER CDI spec left in $CDI_DIR" wait_for 30 "specs removed" no_cdi_specs our_cdi_specs
+	check "claims unprepared by the stand-in GPU driver too" wait_for 30 "gpu specs removed" no_cdi_specs gpu_cdi_specs
+	check "no prepared claim left in the DRA plugin's checkpoint" wait_for 30 "checkpoint empty" checkpoint_is 0
+	check "no device-info file left for the claims" wait_for 30 "devinfo empty" empty_dir "$DEVINFO_DIR"
+	check "all $WANT_VFS stand-ins back on the host under their names and MACs" wait_for 30 "stand-ins back" standins_home
+	expect "whereabouts IPPool $EXAMPLE_RANGE empty" "" "$(ippool_pods "$EXAMPLE_RANGE" | xargs)"
+	check "sriov CNI state dir $SRIOV_STATE empty" empty_dir "$SRIOV_STATE"
+	check "kubectl delete -k of the DRA deployment" kubectl delete -k "$RUN/deploy-dra" --timeout 120s
+	stop gpu-standin
+	kubectl delete deviceclass "$GPU_CLASS" --ignore-not-found >/dev/null
+}
