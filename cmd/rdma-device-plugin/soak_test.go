@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"math/rand/v2"
@@ -120,7 +121,7 @@ func TestSoakDevicePlugin(t *testing.T) {
 	require.Zero(t, panics, "log:\n%s", d.log.String())
 	require.Positive(t, l.allocs.Load(), "the load ran")
 	testnet.SoakReport(t, "device-plugin", "cycles", cycles, "kubelet-restarts", cycles-cycles/5, "kills", kills,
-		"allocations", l.allocs.Load(), "malformed", l.malformed.Load(), "unavailable", l.unavailable.Load(),
+		"allocations-ok", l.allocs.Load(), "malformed-answered", l.malformed.Load(), "unavailable", l.unavailable.Load(),
 		"temporaries-swept", swept, "max-fds", maxFDs, "max-rss-MiB", fmt.Sprintf("%.1f", maxRSS), "leaks", len(leaks), "panics", panics)
 }
 
@@ -231,7 +232,10 @@ func leftovers(t *testing.T, d *daemon) []string {
 	return out
 }
 
-// soakLoad is the kubelet's side under load, plus garbage.
+// soakLoad is the kubelet's side under load, plus garbage. Its counters
+// are answers, not attempts: allocs the Allocates answered OK, malformed
+// the bad requests answered with the error they deserve, unavailable the
+// calls that met a plugin (or a socket) being restarted.
 type soakLoad struct {
 	t                              *testing.T
 	d                              *daemon
@@ -240,20 +244,40 @@ type soakLoad struct {
 	allocs, malformed, unavailable atomic.Int64
 }
 
+// soakConn is the load's connection to one pool's socket. A call that
+// finds the plugin gone drops it, and the next call dials again, as the
+// kubelet dials a plugin anew after each registration (grpc's own
+// reconnect backs off for up to two minutes, far longer than a restart).
+type soakConn struct {
+	l        *soakLoad
+	endpoint string
+	client   pluginapi.DevicePluginClient
+	conn     io.Closer
+}
+
+func (c *soakConn) get() (pluginapi.DevicePluginClient, error) {
+	if c.client == nil {
+		client, conn, err := c.l.d.stub.Dial(c.endpoint)
+		if err != nil {
+			return nil, err
+		}
+		c.client, c.conn = client, conn
+	}
+	return c.client, nil
+}
+
+func (c *soakConn) drop() {
+	if c.conn != nil {
+		_ = c.conn.Close()
+	}
+	c.client, c.conn = nil, nil
+}
+
 func (l *soakLoad) run(ctx context.Context, seed uint64) {
 	rnd := rand.New(rand.NewPCG(seed, 42))
-	excl, cx, err := l.d.stub.Dial(l.excl)
-	if err != nil {
-		l.t.Error(err)
-		return
-	}
-	defer cx.Close()
-	shared, cs, err := l.d.stub.Dial(l.shared)
-	if err != nil {
-		l.t.Error(err)
-		return
-	}
-	defer cs.Close()
+	exclConn, sharedConn := &soakConn{l: l, endpoint: l.excl}, &soakConn{l: l, endpoint: l.shared}
+	defer exclConn.drop()
+	defer sharedConn.drop()
 	huge := strings.Repeat("x", 1<<20)
 	many := make([]string, 100000)
 	for i := range many {
@@ -263,18 +287,26 @@ func (l *soakLoad) run(ctx context.Context, seed uint64) {
 		return &pluginapi.ContainerAllocateRequest{DevicesIds: ids}
 	}
 	for ctx.Err() == nil {
+		excl, err := exclConn.get()
+		if err != nil {
+			l.t.Error(err)
+			return
+		}
+		shared, err := sharedConn.get()
+		if err != nil {
+			l.t.Error(err)
+			return
+		}
 		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		a, b := l.vfs[rnd.IntN(len(l.vfs))], l.vfs[rnd.IntN(len(l.vfs))]
-		var err error
-		want := codes.OK
+		want, answered, used := codes.OK, &l.allocs, exclConn
 		switch op := rnd.IntN(10); op {
 		case 0, 1, 2, 3:
 			_, err = excl.Allocate(callCtx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{container(a)}})
-			l.allocs.Add(1)
 		case 4:
 			_, err = shared.Allocate(callCtx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
 				container(l.slots[rnd.IntN(len(l.slots))])}})
-			l.allocs.Add(1)
+			used = sharedConn
 		case 5:
 			var resp *pluginapi.PreferredAllocationResponse
 			resp, err = excl.GetPreferredAllocation(callCtx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
@@ -282,10 +314,9 @@ func (l *soakLoad) run(ctx context.Context, seed uint64) {
 			if err == nil && len(resp.ContainerResponses[0].DeviceIDs) != len(l.vfs) {
 				l.t.Errorf("GetPreferredAllocation of everything: %d devices, want %d", len(resp.ContainerResponses[0].DeviceIDs), len(l.vfs))
 			}
-			l.malformed.Add(1)
+			answered = &l.malformed
 		default:
-			want = codes.InvalidArgument
-			l.malformed.Add(1)
+			want, answered = codes.InvalidArgument, &l.malformed
 			var req *pluginapi.AllocateRequest
 			switch op {
 			case 6:
@@ -305,10 +336,13 @@ func (l *soakLoad) run(ctx context.Context, seed uint64) {
 		cancel()
 		switch c := status.Code(err); {
 		case c == want:
+			answered.Add(1)
 		case c == codes.Unavailable, c == codes.Canceled && ctx.Err() != nil, c == codes.DeadlineExceeded && ctx.Err() != nil:
 			// The kubelet (or the plugin) is restarting: the kubelet
-			// retries too.
+			// retries too, on a new connection once the plugin has
+			// registered again.
 			l.unavailable.Add(1)
+			used.drop()
 			time.Sleep(5 * time.Millisecond)
 		default:
 			l.t.Errorf("got %v, want %v", err, want)
