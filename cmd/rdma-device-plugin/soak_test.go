@@ -74,6 +74,9 @@ func TestSoakDevicePlugin(t *testing.T) {
 			d.kill()
 			kills++
 			left = append(left, d.temporaries()...)
+			// What the killed plugin registered after the drain above
+			// must not pass for the next one's registration.
+			drain(d)
 			d.spawn()
 			wait = 10 * time.Second // a start scans the host first
 			if cycles%10 == 0 {
@@ -152,17 +155,26 @@ func (d *daemon) temporaries() []string {
 }
 
 // waitReady waits for /readyz to answer 200: every pool registered and
-// what a start does after registration done.
+// what a start does after registration done. Until the new process
+// listens, the port refuses connections.
 func (d *daemon) waitReady(timeout time.Duration) {
 	d.t.Helper()
 	deadline := time.Now().Add(timeout)
+	var last string
 	for {
-		code, body := d.get("/readyz")
-		if code == http.StatusOK {
-			return
+		res, err := d.httpClient().Get("http://" + d.metrics + "/readyz")
+		if err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return
+			}
+			last = fmt.Sprintf("%d %s", res.StatusCode, b)
+		} else {
+			last = err.Error()
 		}
 		if time.Now().After(deadline) {
-			d.t.Fatalf("not ready within %v: %d %s", timeout, code, body)
+			d.t.Fatalf("not ready within %v: %s", timeout, last)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
