@@ -134,31 +134,7 @@ func hostPath(root, path string) string {
 	return filepath.Join(root, path)
 }
 
-// cdiWriter writes and removes claim specs through the CDI library, which
-// validates each spec before it is written (atomically, by rename).
-type cdiWriter struct {
-	dir   string
-	cache *cdi.Cache
-}
-
-func newCDIWriter(dir string) (*cdiWriter, error) {
-	c, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, fmt.Errorf("cdi %s: %w", dir, err)
-	}
-	return &cdiWriter{dir: dir, cache: c}, nil
-}
-
-func (w *cdiWriter) write(spec *cdispec.Spec, name string) error {
-	if err := w.cache.WriteSpec(spec, name); err != nil {
-		return fmt.Errorf("cdi %s: write spec %s: %w", w.dir, name, err)
-	}
-	return nil
-}
-
-func (w *cdiWriter) remove(name string) error {
-	if err := w.cache.RemoveSpec(name); err != nil {
-		return fmt.Errorf("cdi %s: remove spec %s: %w", w.dir, name, err)
-	}
-	return nil
-}
+// cdiStaging is the driver's staging directory inside the CDI directory
+// (internal/cdiwrite); the device plugin, in the same process, has its
+// own.
+const cdiStaging = ".fastpath-dra-staging"

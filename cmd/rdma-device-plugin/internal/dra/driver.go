@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/internal/cdiwrite"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
@@ -68,7 +69,7 @@ type Options struct {
 type Driver struct {
 	opts   Options
 	log    *slog.Logger
-	cdi    *cdiWriter
+	cdi    *cdiwrite.Writer
 	cpPath string
 
 	mu sync.Mutex // guards the fields below
@@ -122,9 +123,13 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := newCDIWriter(opts.CDIDir)
+	w, err := cdiwrite.New(opts.CDIDir, cdiStaging)
 	if err != nil {
 		return nil, err
+	}
+	// What a killed run's write left; nothing writes before Start.
+	if err := w.RemoveStaging(); err != nil {
+		opts.Log.Warn("dra: leftovers of a killed run", "err", err)
 	}
 	return &Driver{
 		opts: opts, log: opts.Log, cdi: w, cpPath: cpPath,

@@ -304,3 +304,25 @@ func TestUpdateRepublishes(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list.Items, 1, "an empty pool is still published")
 }
+
+// A write that a kill cut short left its temporary file in the driver's
+// staging directory: the next driver removes it before it serves, and
+// leaves the specs in place (prepared claims keep theirs) and what is not
+// its own.
+func TestKilledWriteLeftoversRemoved(t *testing.T) {
+	e := newTestEnv(t, fixtureRoot("dgx-h100"), "dra.json")
+	staging := filepath.Join(e.cdiDir, ".fastpath-dra-staging")
+	require.NoError(t, os.MkdirAll(staging, 0o755))
+	left := filepath.Join(staging, "spec.1234.tmp")
+	kept := []string{filepath.Join(e.cdiDir, dra.CDISpecName("c-1")), filepath.Join(e.cdiDir, ".fastpath-staging", "spec.5678.tmp"), filepath.Join(e.cdiDir, "spec.9.tmp")}
+	for _, p := range append([]string{left}, kept...) {
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte("{"), 0o600))
+	}
+	_, err := dra.New(dra.Options{NodeName: testNode, KubeClient: e.client, PluginDir: e.pluginDir, RegistryDir: e.registryDir, CDIDir: e.cdiDir})
+	require.NoError(t, err)
+	require.NoDirExists(t, staging)
+	for _, p := range kept {
+		require.FileExists(t, p)
+	}
+}

@@ -160,7 +160,7 @@ func (d *Driver) restoreLocked(uid types.UID, prev *preparedClaim) {
 }
 
 func (d *Driver) writeClaimFiles(rec *preparedClaim, spec *cdispec.Spec, devs []claimDevice) error {
-	if err := d.cdi.write(spec, rec.CDISpec); err != nil {
+	if err := d.cdi.Write(spec, rec.CDISpec); err != nil {
 		return err
 	}
 	if len(rec.DevInfo) > 0 {
@@ -181,7 +181,7 @@ func (d *Driver) writeClaimFiles(rec *preparedClaim, spec *cdispec.Spec, devs []
 // gone are fine.
 func (d *Driver) removeClaimFiles(rec *preparedClaim) error {
 	var errs []error
-	if err := d.cdi.remove(rec.CDISpec); err != nil {
+	if err := d.cdi.Remove(rec.CDISpec); err != nil {
 		errs = append(errs, err)
 	}
 	for _, p := range rec.DevInfo {

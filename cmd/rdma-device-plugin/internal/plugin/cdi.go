@@ -7,10 +7,10 @@ import (
 	"os"
 	"path/filepath"
 
-	"tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/fastpath-k8s/fastpath/internal/cdiwrite"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
@@ -34,35 +34,21 @@ func CDIDeviceName(p *pool.Pool, bdf string) string {
 	return parser.QualifiedName(p.Prefix, p.Name, bdf)
 }
 
-// cdiStaging is the plugin's own directory inside the CDI directory,
-// where the CDI library writes a spec (through its temporary file
-// spec.*.tmp) before the spec is renamed into the CDI directory: a kill
-// in the middle of a write leaves its temporary file there, where it is
-// known to be this plugin's, not beside other vendors' specs, whose
-// writers use the same library and the same temporary names. Runtimes
-// never see it: the library's scan, which containerd, CRI-O and podman
-// read specs with, skips the subdirectories of a spec directory (and,
-// in it, every file not named *.json or *.yaml). The rename from there
-// is atomic (one filesystem): a runtime reads the old spec or the new.
+// cdiStaging is the plugin's staging directory inside the CDI directory
+// (internal/cdiwrite); the DRA driver, in the same process, has its own.
 const cdiStaging = ".fastpath-staging"
 
-// cdiSpecs writes and removes the pools' CDI specs through the CDI
-// library, which validates a spec (names, device nodes, version) before it
-// writes it, atomically, into the staging directory; from there it is
-// renamed into dir.
+// cdiSpecs writes and removes the pools' CDI specs.
 type cdiSpecs struct {
-	dir   string
-	cache *cdi.Cache
+	w *cdiwrite.Writer
 }
 
 func newCDISpecs(dir string) (*cdiSpecs, error) {
-	// No auto-refresh: the cache is only the library's writer here, it
-	// need not watch the directory.
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(filepath.Join(dir, cdiStaging)), cdi.WithAutoRefresh(false))
+	w, err := cdiwrite.New(dir, cdiStaging)
 	if err != nil {
-		return nil, fmt.Errorf("cdi %s: %w", dir, err)
+		return nil, err
 	}
-	return &cdiSpecs{dir: dir, cache: cache}, nil
+	return &cdiSpecs{w: w}, nil
 }
 
 // cdiSpec builds the spec of a pool: one CDI device per PCI function with
@@ -104,13 +90,8 @@ func (c *cdiSpecs) write(p *pool.Pool, rdmaCM, root string) (bool, error) {
 	if len(spec.Devices) == 0 {
 		return false, c.remove(p.Prefix, p.Name)
 	}
-	name := cdiSpecName(p.Prefix, p.Name)
-	err = c.cache.WriteSpec(spec, name)
-	if err == nil {
-		err = os.Rename(filepath.Join(c.dir, cdiStaging, name), filepath.Join(c.dir, name))
-	}
-	if err != nil {
-		return false, fmt.Errorf("cdi %s: write spec of %s: %w", CDISpecPath(c.dir, p.Prefix, p.Name), p.ResourceName(), err)
+	if err := c.w.Write(spec, cdiSpecName(p.Prefix, p.Name)); err != nil {
+		return false, fmt.Errorf("%s: %w", p.ResourceName(), err)
 	}
 	return true, nil
 }
@@ -119,7 +100,7 @@ func (c *cdiSpecs) write(p *pool.Pool, rdmaCM, root string) (bool, error) {
 // plugin's specs (fastpath-*.json) of pools it no longer serves and
 // whatever is in the staging directory (a write cut short).
 func (c *cdiSpecs) removeLeftovers(keep map[string]pool.Pool) error {
-	files, err := filepath.Glob(filepath.Join(c.dir, cdiFilePrefix+"*.json"))
+	files, err := filepath.Glob(filepath.Join(c.w.Dir(), cdiFilePrefix+"*.json"))
 	if err != nil {
 		return err
 	}
@@ -139,22 +120,11 @@ func (c *cdiSpecs) removeLeftovers(keep map[string]pool.Pool) error {
 	return errors.Join(append(errs, c.removeStaging())...)
 }
 
-// removeStaging removes the staging directory, which holds nothing
-// between two writes.
-func (c *cdiSpecs) removeStaging() error {
-	if err := os.RemoveAll(filepath.Join(c.dir, cdiStaging)); err != nil {
-		return fmt.Errorf("cdi: remove the staging directory: %w", err)
-	}
-	return nil
-}
+func (c *cdiSpecs) removeStaging() error { return c.w.RemoveStaging() }
 
 // remove deletes a pool's spec.
 func (c *cdiSpecs) remove(prefix, name string) error {
-	path := CDISpecPath(c.dir, prefix, name)
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("cdi %s: remove spec: %w", path, err)
-	}
-	return nil
+	return c.w.Remove(cdiSpecName(prefix, name))
 }
 
 // devicePaths are the host device nodes of one function (host paths
