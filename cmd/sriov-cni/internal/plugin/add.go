@@ -48,7 +48,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
 	}
-	lock, vf, err := p.claim(log, store, cands, c.Name, args)
+	lock, vf, err := p.claim(ctx, log, c, store, cands, args)
 	if err != nil {
 		return err
 	}
@@ -123,8 +123,8 @@ func (p *Plugin) candidates(ctx context.Context, c *NetConf, args *skel.CmdArgs)
 }
 
 // claim locks the first candidate not attached elsewhere, and clears what
-// an earlier boot or a killed call left on it.
-func (p *Plugin) claim(log *slog.Logger, store *Store, cands []string, network string, args *skel.CmdArgs) (*Lock, string, error) {
+// an earlier boot, a killed call or a pod gone without a DEL left on it.
+func (p *Plugin) claim(ctx context.Context, log *slog.Logger, c *NetConf, store *Store, cands []string, args *skel.CmdArgs) (*Lock, string, error) {
 	var busy []string
 	boot := BootID()
 	for _, id := range cands {
@@ -133,7 +133,7 @@ func (p *Plugin) claim(log *slog.Logger, store *Store, cands []string, network s
 			return nil, "", fail(types.ErrTryAgainLater, id, "lock", err)
 		}
 		st, lerr := store.Load(id)
-		switch judge(st, lerr, network, args.ContainerID, args.IfName, boot) {
+		switch judge(st, lerr, c.Name, args.ContainerID, args.IfName, boot) {
 		case vfStale:
 			// The reboot reset the VF and took the pod's netns along.
 			log.Info("state from before the last boot dropped", "vf", id, "attachment", st.owner())
@@ -157,9 +157,15 @@ func (p *Plugin) claim(log *slog.Logger, store *Store, cands []string, network s
 			l.Unlock(false)
 			return nil, "", fail(types.ErrInternal, id, "add", fmt.Errorf("already attached as %s; DEL it first", st.owner()))
 		case vfBusy:
-			l.Unlock(false)
-			busy = append(busy, fmt.Sprintf("%s (%s)", id, st.owner()))
-			continue
+			free, why := p.reclaim(ctx, log, c, args, store, l, st, boot)
+			if !free {
+				l.Unlock(false)
+				if why != "" {
+					why = "; " + why
+				}
+				busy = append(busy, fmt.Sprintf("%s (%s%s)", id, st.owner(), why))
+				continue
+			}
 		}
 		if err := store.clearLeftovers(id); err != nil {
 			log.Warn("leftovers of an earlier call", "vf", id, "err", err)

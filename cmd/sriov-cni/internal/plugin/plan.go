@@ -51,6 +51,56 @@ func judge(st *State, loadErr error, network, containerID, ifName, boot string) 
 	return vfBusy
 }
 
+// ownerFacts is what ADD read about the attachment that holds a busy VF,
+// to tell whether its pod is gone (reclaim.go reads them).
+type ownerFacts struct {
+	// NetnsErr is lstat's answer for the attachment's netns path.
+	NetnsErr error
+	// Netdev is the name under which the VF's netdev was found outside
+	// every pod (teardown's search): in the host netns, or in the
+	// plugin's own pinned temporary netns (InTemp); "" when in neither.
+	Netdev string
+	InTemp bool
+}
+
+// ownerVerdict is what ADD makes of the attachment that holds a VF.
+type ownerVerdict int
+
+const (
+	ownerAlive ownerVerdict = iota // its netns is there, or that it is gone cannot be shown
+	ownerHeld                      // its netns path is gone but the netns lives on: the VF stays
+	ownerGone                      // its pod is gone without a DEL: tear it down, take the VF
+)
+
+// judgeOwner decides whether the attachment st, which holds a VF in this
+// boot, is provably dead, and says why. Dead takes all of: the same boot
+// (a state of an earlier one is dropped, not torn down), its netns path
+// gone (ENOENT; any other answer, such as a permission error, proves
+// nothing), and the VF's netdev back outside every pod — the kernel
+// returns a physical VF to the host netns when its netns is destroyed, so
+// a netdev still elsewhere means a process or an open fd keeps that netns
+// alive. A vfio-pci VF has no netdev to show it, and stays held.
+func judgeOwner(st *State, boot string, f ownerFacts) (ownerVerdict, string) {
+	switch {
+	case st.VFIO:
+		return ownerAlive, "a vfio-pci VF has no netdev to show that its pod is gone"
+	case boot == "" || st.BootID != boot:
+		return ownerAlive, "the boot it was attached in cannot be told"
+	case st.Netns == "":
+		return ownerAlive, "no netns recorded"
+	case f.NetnsErr == nil:
+		return ownerAlive, fmt.Sprintf("its netns %s is there", st.Netns)
+	case !errors.Is(f.NetnsErr, fs.ErrNotExist):
+		return ownerAlive, fmt.Sprintf("its netns %s cannot be checked: %v", st.Netns, f.NetnsErr)
+	case f.Netdev == "":
+		return ownerHeld, fmt.Sprintf("its netns %s is gone, but the VF's netdev is not back in the host netns: "+
+			"a process or an open fd still holds that netns (lsns -t net finds it)", st.Netns)
+	case f.InTemp:
+		return ownerGone, fmt.Sprintf("its netns %s is gone and the VF's netdev is in the plugin's temporary netns, in no pod", st.Netns)
+	}
+	return ownerGone, fmt.Sprintf("its netns %s is gone and the VF's netdev is back in the host netns as %s", st.Netns, f.Netdev)
+}
+
 // addFacts is what ADD read about the node, before changing anything. A
 // read that did not apply is left zero.
 type addFacts struct {

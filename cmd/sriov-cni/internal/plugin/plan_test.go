@@ -46,6 +46,44 @@ func TestJudge(t *testing.T) {
 	}
 }
 
+func TestJudgeOwner(t *testing.T) {
+	ns := "/var/run/netns/pod-a"
+	held := &State{Network: "n", ContainerID: "c2", IfName: "net1", BootID: "b", Netns: ns, HostName: "ens1f0v0"}
+	gone := fmt.Errorf("lstat %s: %w", ns, fs.ErrNotExist)
+	perm := fmt.Errorf("lstat %s: %w", ns, fs.ErrPermission)
+	vfio, noNetns, oldBoot, noBoot := *held, *held, *held, *held
+	vfio.VFIO, vfio.HostName = true, ""
+	noNetns.Netns = ""
+	oldBoot.BootID = "long-ago"
+	noBoot.BootID = ""
+	for _, tc := range []struct {
+		name string
+		st   *State
+		boot string
+		f    ownerFacts
+		want ownerVerdict
+		why  string
+	}{
+		{"netns there", held, "b", ownerFacts{}, ownerAlive, "is there"},
+		{"netns there, netdev on the host", held, "b", ownerFacts{Netdev: "ens1f0v0"}, ownerAlive, "is there"},
+		{"netns unreadable", held, "b", ownerFacts{NetnsErr: perm, Netdev: "ens1f0v0"}, ownerAlive, "cannot be checked"},
+		{"netns path gone, netdev elsewhere", held, "b", ownerFacts{NetnsErr: gone}, ownerHeld, "a process or an open fd still holds that netns"},
+		{"netns gone, netdev on the host", held, "b", ownerFacts{NetnsErr: gone, Netdev: "net1"}, ownerGone, "back in the host netns as net1"},
+		{"netns gone, netdev in the temporary netns", held, "b", ownerFacts{NetnsErr: gone, Netdev: "net1", InTemp: true}, ownerGone, "temporary netns"},
+		{"vfio-pci: no netdev to tell by", &vfio, "b", ownerFacts{NetnsErr: gone}, ownerAlive, "vfio-pci"},
+		{"no netns recorded", &noNetns, "b", ownerFacts{NetnsErr: gone, Netdev: "ens1f0v0"}, ownerAlive, "no netns"},
+		{"another boot", &oldBoot, "b", ownerFacts{NetnsErr: gone, Netdev: "ens1f0v0"}, ownerAlive, "boot"},
+		{"state without boot", &noBoot, "b", ownerFacts{NetnsErr: gone, Netdev: "ens1f0v0"}, ownerAlive, "boot"},
+		{"boot unknown", held, "", ownerFacts{NetnsErr: gone, Netdev: "ens1f0v0"}, ownerAlive, "boot"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := judgeOwner(tc.st, tc.boot, tc.f)
+			require.Equal(t, tc.want, got, why)
+			require.Contains(t, why, tc.why)
+		})
+	}
+}
+
 // A VF as the fixture scan reports it.
 func ethVF() nic.Device {
 	return nic.Device{PCIAddress: "0000:3b:00.2", Driver: "mlx5_core", PFAddress: "0000:3b:00.0", VFIndex: 0, Netdev: "ens1f0v0",

@@ -11,8 +11,9 @@
 // twice.
 //
 // The flow is split by lifecycle: plan.go decides (pure, no I/O), add.go
-// reads the node and applies, teardown.go undoes, ipam.go runs the IPAM
-// plugin, check.go serves CHECK, STATUS and GC.
+// reads the node and applies, teardown.go undoes, reclaim.go frees for ADD
+// a VF whose pod is gone without a DEL, ipam.go runs the IPAM plugin,
+// check.go serves CHECK, STATUS and GC.
 package plugin
 
 import (

@@ -120,7 +120,32 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 		return fail(0, vf, "open host netns", err)
 	}
 	defer host.Close()
-	if terr := p.teardown(ctx, log, store, st, host, args, lock); terr != nil {
+	if err := p.release(ctx, log, store, st, true, host, args, lock); err != nil {
+		return err
+	}
+	p.point("del:removed")
+	if err := store.clearLeftovers(vf); err != nil {
+		log.Warn("leftovers kept", "err", err)
+	} else {
+		removeLock = true
+	}
+	log.Info("detached", "netdev", st.HostName)
+	return nil
+}
+
+// release undoes the attachment st (teardown) and removes its state; with
+// releaseIPAM false its address is left alone. A failed teardown is
+// counted in the state, which stays for the next try, until
+// maxDelAttempts: then the state goes anyway, with an error in the log,
+// rather than holding the VF and the runtime's retries forever.
+func (p *Plugin) release(ctx context.Context, log *slog.Logger, store *Store, st *State, releaseIPAM bool, host *netns.NS, args *skel.CmdArgs, lock *Lock) error {
+	undo := st
+	if !releaseIPAM && st.IPAMAdded {
+		cp := *st
+		cp.IPAMAdded = false
+		undo = &cp
+	}
+	if terr := p.teardown(ctx, log, store, undo, host, args, lock); terr != nil {
 		st.DelAttempts++
 		if st.DelAttempts < maxDelAttempts {
 			if err := store.Save(st); err != nil {
@@ -130,16 +155,9 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 		}
 		log.Error("giving up on restoring the VF after repeated failures; state dropped", "attempts", st.DelAttempts, "err", terr)
 	}
-	if err := store.Remove(vf); err != nil {
-		return fail(types.ErrIOFailure, vf, "remove state", err)
+	if err := store.Remove(st.PCIAddress); err != nil {
+		return fail(types.ErrIOFailure, st.PCIAddress, "remove state", err)
 	}
-	p.point("del:removed")
-	if err := store.clearLeftovers(vf); err != nil {
-		log.Warn("leftovers kept", "err", err)
-	} else {
-		removeLock = true
-	}
-	log.Info("detached", "netdev", st.HostName)
 	return nil
 }
 

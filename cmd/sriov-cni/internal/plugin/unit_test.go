@@ -230,6 +230,26 @@ func TestVFIOBusy(t *testing.T) {
 	u.requireClean()
 }
 
+// A vfio-pci VF has no netdev to show that its pod is gone: with the
+// attachment's netns path deleted, another ADD still finds it busy, and
+// changes nothing.
+func TestVFIOStaysBusyWhenNetnsGone(t *testing.T) {
+	u := newUnit(t)
+	conf := u.conf(`"trust":"on"`)
+	_, err := u.add(conf, "c1")
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(u.netns))
+	u.netns = filepath.Join(t.TempDir(), "pod-netns-2")
+	require.NoError(t, os.WriteFile(u.netns, nil, 0o600))
+	u.pf.ResetCalls()
+	_, err = u.add(conf, "c2")
+	require.ErrorIs(t, err, ErrBusy)
+	require.Empty(t, u.pf.Calls())
+	require.Len(t, u.leases(), 1)
+	require.NoError(t, u.del(conf, "c1"))
+	u.requireClean()
+}
+
 // The plugin's own netns as CNI_NETNS is refused before anything changes,
 // with the invalid-netns code, and nothing goes to stdout.
 func TestHostNetnsRefused(t *testing.T) {
