@@ -1,9 +1,10 @@
 // Package soak is the fault-injection suite (issue 10, "the proof"): the
 // sriov CNI plugin, built with failpoints, through thousands of ADD/DEL
 // cycles with SIGKILL at every step boundary and at random moments,
-// concurrent pods racing for VFs, pod netns deleted before DEL, state files
-// destroyed, a state dir full or read-only — and a leak check after every
-// cycle. `make soak` runs it long; `make test` runs it short.
+// concurrent pods racing for VFs, pod netns deleted before DEL (or with no
+// DEL at all, the next ADD reclaiming the VF), state files destroyed, a
+// state dir full or read-only — and a leak check after every cycle.
+// `make soak` runs it long; `make test` runs it short.
 package soak
 
 import (
@@ -63,6 +64,7 @@ func TestSoakCNI(t *testing.T) {
 		{"kill DEL at random", cycleRandomDel},
 		{"pods racing", cycleRace},
 		{"netns gone before DEL", cycleNetnsGone},
+		{"netns gone, no DEL, next ADD reclaims", cycleReclaim},
 		{"garbage state", cycleGarbage},
 		{"state dir full", cycleFull},
 		{"state dir read-only", cycleReadOnly},
@@ -91,7 +93,7 @@ func TestSoakCNI(t *testing.T) {
 	}
 	testnet.SoakReport(t, "sriov-cni", "cycles", w.fig.Cycles, "calls", w.fig.Calls, "kills", w.fig.Kills,
 		"failpoint-kills", w.fig.FailpointKills, "random-kills", w.fig.RandomKills, "leaks", w.fig.Leaks,
-		"panics", w.fig.Panics, "wire-violations", w.fig.Violations, "seconds", int(budget.Seconds()))
+		"panics", w.fig.Panics, "wire-violations", w.fig.Violations, "reclaims", w.fig.Reclaims, "seconds", int(budget.Seconds()))
 	t.Logf("cycles by kind: %v", w.fig.ByKind)
 	for i, p := range w.problems {
 		if i == 20 {
@@ -319,6 +321,71 @@ func cycleNetnsGone(w *world, _ int) map[*vf]bool {
 	w.gone(p)
 	w.del(p)
 	return nil
+}
+
+// The pod's netns is deleted and its runtime, having lost the pod, never
+// sends DEL: the next pod's ADD for the VF finds the netns gone and the VF
+// back on the host, tears the lost attachment down and takes the VF. Every
+// other time that ADD is killed inside the reclaim, at a teardown step;
+// the runtime DELs the failed ADD and tries again. A late DEL of the lost
+// pod succeeds and leaves the new attachment alone.
+func cycleReclaim(w *world, n int) map[*vf]bool {
+	v := w.take(1)[0]
+	defer w.release(v)
+	lost := w.newPod(v, w.randomOpts())
+	if w.rng.IntN(2) == 0 {
+		w.exec(call{cmd: "ADD", p: lost, killAfter: w.randomKill(w.addTimes, 60*time.Millisecond)})
+	} else {
+		w.mustAdd(lost)
+	}
+	w.kernelReturns(lost)
+	w.gone(lost)
+	_, err := os.Lstat(filepath.Join(w.stateDir, v.addr+".json"))
+	held := err == nil
+	next := w.newPod(v, w.randomOpts())
+	if held && n%2 == 1 {
+		point := rollbackPoints[(n/2)%len(rollbackPoints)]
+		if o := w.exec(call{cmd: "ADD", p: next, failpoint: point}); !o.killed {
+			w.problem("ADD %s reclaiming from a lost pod not killed at %s: ok=%v code %d %s", v.addr, point, o.ok, o.code, o.msg)
+		}
+		w.del(next)
+	}
+	o := w.exec(call{cmd: "ADD", p: next})
+	switch {
+	case !o.ok:
+		w.problem("ADD %s after its pod was lost without a DEL: code %d %s\n%s", v.addr, o.code, o.msg, o.stderr)
+	case held && strings.Contains(o.stderr, "reclaiming its VF"):
+		w.mu.Lock()
+		w.fig.Reclaims++
+		w.mu.Unlock()
+	}
+	w.del(lost)
+	if o.ok {
+		if why := holds(next); why != "" {
+			w.problem("after the lost pod's late DEL, %s: %s", v.addr, why)
+		}
+	}
+	w.del(next)
+	w.gone(next)
+	return nil
+}
+
+// holds says what is wrong when p's netns does not hold its VF's netdev
+// as ADD left it ("" when it does).
+func holds(p *pod) string {
+	n, err := netns.Open(p.nsPath)
+	if err != nil {
+		return err.Error()
+	}
+	defer n.Close()
+	l, err := n.Handle().LinkByName(p.ifName)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("%s not in the pod: %v", p.ifName, err)
+	case l.Attrs().Alias != p.vf.netdev:
+		return fmt.Sprintf("%s in the pod has alias %q, want %q", p.ifName, l.Attrs().Alias, p.vf.netdev)
+	}
+	return ""
 }
 
 // kernelReturns does what the kernel does to a physical VF when its netns

@@ -60,7 +60,9 @@ type world struct {
 // figures are what make soak reports.
 type figures struct {
 	Cycles, Calls, Kills, FailpointKills, RandomKills, Leaks, Panics, Violations int
-	ByKind                                                                       map[string]int
+	// Reclaims are ADDs that took a VF from a pod lost without a DEL.
+	Reclaims int
+	ByKind   map[string]int
 }
 
 // vf is one VF stand-in.
