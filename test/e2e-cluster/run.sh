@@ -254,31 +254,8 @@ check_restored() {
 	same "net.ipv4.ip_forward as before (no gateway on the pod bridge)" "$before/ip_forward" sysctl_get net.ipv4.ip_forward
 }
 
-summary() {
-	local r
-	echo
-	echo "==== fastpath e2e-cluster (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, Multus $MULTUS_VERSION, whereabouts $WHEREABOUTS_VERSION) ===="
-	for r in "${RESULTS[@]}"; do echo "$r"; done
-	if ((FAILED)); then
-		echo "==== FAIL (logs: $RUN/logs) ===="
-	else
-		echo "==== PASS ===="
-	fi
-}
-
-on_exit() {
-	local rc=$?
-	trap - EXIT INT TERM
-	if [[ -f $RUN/before/links ]]; then
-		log "cleaning up"
-		cleanup
-		check_restored || true
-		rm -rf "$RUN/before"
-	fi
-	((rc == 0)) || fail "the run stopped early (exit status $rc)"
-	summary
-	((FAILED == 0)) || exit 1
-}
+# What the PASS/FAIL table is headed with (summary, in test/e2e/lib.sh).
+SUMMARY_TITLE="fastpath e2e-cluster (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION, Multus $MULTUS_VERSION, whereabouts $WHEREABOUTS_VERSION)"
 
 main() {
 	local t0

@@ -175,3 +175,33 @@ same() {
 	fi
 }
 
+# summary prints every check's result under $SUMMARY_TITLE, then PASS or
+# FAIL.
+summary() {
+	local r
+	echo
+	echo "==== $SUMMARY_TITLE ===="
+	for r in "${RESULTS[@]}"; do echo "$r"; done
+	if ((FAILED)); then
+		echo "==== FAIL (logs: $RUN/logs) ===="
+	else
+		echo "==== PASS ===="
+	fi
+}
+
+# on_exit is both tests' EXIT trap: once the host's state was recorded
+# ($RUN/before), the sourcing script's cleanup puts it back and its
+# check_restored compares; then the summary, and a failed run's status.
+on_exit() {
+	local rc=$?
+	trap - EXIT INT TERM
+	if [[ -f $RUN/before/links ]]; then
+		log "cleaning up"
+		cleanup
+		check_restored || true
+		rm -rf "$RUN/before"
+	fi
+	((rc == 0)) || fail "the run stopped early (exit status $rc)"
+	summary
+	((FAILED == 0)) || exit 1
+}

@@ -577,31 +577,8 @@ host_sysctls() {
 	for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl_get "$s")"; done
 }
 
-summary() {
-	local r
-	echo
-	echo "==== fastpath e2e ($CNI_MODE CNI, kubelet $K8S_VERSION, containerd $CONTAINERD_VERSION) ===="
-	for r in "${RESULTS[@]}"; do echo "$r"; done
-	if ((FAILED)); then
-		echo "==== FAIL (logs: $RUN/logs) ===="
-	else
-		echo "==== PASS ===="
-	fi
-}
-
-on_exit() {
-	local rc=$?
-	trap - EXIT INT TERM
-	if [[ -f $RUN/before/links ]]; then
-		log "cleaning up"
-		cleanup
-		check_restored || true
-		rm -rf "$RUN/before"
-	fi
-	((rc == 0)) || fail "the run stopped early (exit status $rc)"
-	summary
-	((FAILED == 0)) || exit 1
-}
+# What the PASS/FAIL table is headed with (summary, in lib.sh).
+SUMMARY_TITLE="fastpath e2e ($CNI_MODE CNI, kubelet $K8S_VERSION, containerd $CONTAINERD_VERSION)"
 
 main() {
 	local t0
