@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/Mellanox/rdmamap"
 )
@@ -63,4 +64,12 @@ func HostCounters(dev string) ([]PortCounters, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
 	return out, nil
+}
+
+// checkName refuses device names that would build paths outside sysfs.
+func checkName(dev string) error {
+	if dev == "" || strings.ContainsAny(dev, "/\x00") || dev == "." || dev == ".." {
+		return fmt.Errorf("rdma: invalid device name %q", dev)
+	}
+	return nil
 }

@@ -57,11 +57,7 @@ func umadOfIssm(name string) string {
 }
 
 // DevicesForScan is DevicesAt for the function at addr, read through dir,
-// with the device and char device names taken from idx, and without the
-// ports' state: nothing built from a node scan uses it. (The device
-// plugin's health follows the netdevs' link state from netlink, not the
-// RDMA port state; DevicesAt and PortState read the port state for a
-// caller that wants it.)
+// with the device and char device names taken from idx.
 func (r *Reader) DevicesForScan(dir Attrs, addr string, idx *ScanIndex) ([]Device, error) {
-	return devicesFrom(dir, idx.devices.Of(addr), idx.verbs.Of(addr), idx.mad.Of(addr), false)
+	return devicesFrom(dir, idx.devices.Of(addr), idx.verbs.Of(addr), idx.mad.Of(addr))
 }

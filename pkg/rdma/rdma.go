@@ -8,10 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -51,7 +49,6 @@ type CharDevice struct {
 type Port struct {
 	Number    int
 	LinkLayer string // LinkLayerInfiniBand or LinkLayerEthernet
-	State     string // "ACTIVE", "DOWN", "INIT", … (the name after "4: ")
 }
 
 // Device is an RDMA (ib_core) device and what belongs to it.
@@ -68,9 +65,6 @@ func (d *Device) LinkLayer() string {
 	}
 	return d.Ports[0].LinkLayer
 }
-
-// ErrNoGID is returned when a port has no GID of the asked kind.
-var ErrNoGID = errors.New("no matching GID")
 
 // Reader reads RDMA state under a root.
 type Reader struct {
@@ -111,7 +105,7 @@ func (r *Reader) DevicesAt(dir string) ([]Device, error) {
 		return nil, err
 	}
 	defer d.Close()
-	return devicesIn(d, true)
+	return devicesIn(d)
 }
 
 // Attrs reads sysfs attributes below a PCI function's directory, by
@@ -124,7 +118,7 @@ type Attrs interface {
 	ReadTo(name string, buf []byte) ([]byte, error)
 }
 
-func devicesIn(dir sysfs.Dir, withState bool) ([]Device, error) {
+func devicesIn(dir sysfs.Dir) ([]Device, error) {
 	names, err := dir.List("infiniband")
 	if err != nil || len(names) == 0 {
 		return nil, err
@@ -137,12 +131,12 @@ func devicesIn(dir sysfs.Dir, withState bool) ([]Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	return devicesFrom(dir, names, verbs, mad, withState)
+	return devicesFrom(dir, names, verbs, mad)
 }
 
 // devicesFrom builds the devices named names below dir, with the char
 // devices of verbs (infiniband_verbs entries) and mad (infiniband_mad).
-func devicesFrom(dir Attrs, names, verbs, mad []string, withState bool) ([]Device, error) {
+func devicesFrom(dir Attrs, names, verbs, mad []string) ([]Device, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
@@ -160,7 +154,7 @@ func devicesFrom(dir Attrs, names, verbs, mad []string, withState bool) ([]Devic
 	}
 	for i, n := range names {
 		devs[i].Name = n
-		ports, err := readPorts(dir, "infiniband/"+n, withState, nports)
+		ports, err := readPorts(dir, "infiniband/"+n, nports)
 		if err != nil {
 			return nil, fmt.Errorf("rdma %s: %w", n, err)
 		}
@@ -231,9 +225,8 @@ func sortCharDevices(c []CharDevice) {
 // readPorts reads the ports of dev (a path below dir). Ports of a channel
 // adapter are numbered from 1: reading 1, 2, … until one is missing saves
 // listing the directory; known > 0 is the number of ports when the caller
-// knows it, and saves the probe past the last. withState also reads each
-// port's state.
-func readPorts(dir Attrs, dev string, withState bool, known int) ([]Port, error) {
+// knows it, and saves the probe past the last.
+func readPorts(dir Attrs, dev string, known int) ([]Port, error) {
 	var ports []Port
 	for n := 1; known <= 0 || n <= known; n++ {
 		p := dev + "/ports/" + strconv.Itoa(n)
@@ -245,13 +238,7 @@ func readPorts(dir Attrs, dev string, withState bool, known int) ([]Port, error)
 		if err != nil {
 			return nil, err
 		}
-		port := Port{Number: n, LinkLayer: linkLayer(ll)}
-		if withState {
-			if st, err := dir.Read(p + "/state"); err == nil {
-				port.State = stateName(string(st))
-			}
-		}
-		ports = append(ports, port)
+		ports = append(ports, Port{Number: n, LinkLayer: linkLayer(ll)})
 	}
 	return ports, nil
 }
@@ -266,26 +253,6 @@ func linkLayer(b []byte) string {
 		return LinkLayerEthernet
 	}
 	return string(b)
-}
-
-// stateName turns "4: ACTIVE" into "ACTIVE".
-func stateName(s string) string {
-	if i := strings.Index(s, ":"); i >= 0 {
-		return strings.TrimSpace(s[i+1:])
-	}
-	return strings.TrimSpace(s)
-}
-
-// PortState reads the current state of a port ("ACTIVE", "DOWN", …).
-func (r *Reader) PortState(dev string, port int) (string, error) {
-	if err := checkName(dev); err != nil {
-		return "", err
-	}
-	s, err := pci.ReadString(filepath.Join(r.sys, "class", "infiniband", dev, "ports", strconv.Itoa(port), "state"))
-	if err != nil {
-		return "", fmt.Errorf("rdma %s port %d: read state: %w", dev, port, err)
-	}
-	return stateName(s), nil
 }
 
 // DevNodes is the set of char devices present in <root>/dev/infiniband.
@@ -314,79 +281,6 @@ func (r *Reader) DevNodes() (DevNodes, error) {
 		m[n] = struct{}{}
 	}
 	return m, nil
-}
-
-// RoCEv2IPv4GIDIndex returns the index of the RoCE v2 GID that carries an
-// IPv4 address of netdev on the port: the one NCCL and UCX want. Empty
-// slots have no gid_attrs/types entry (the kernel answers EINVAL) and are
-// skipped.
-func (r *Reader) RoCEv2IPv4GIDIndex(dev string, port int, netdev string) (int, error) {
-	if err := checkName(dev); err != nil {
-		return -1, err
-	}
-	portDir := filepath.Join(r.sys, "class", "infiniband", dev, "ports", strconv.Itoa(port))
-	names, err := readDirNames(filepath.Join(portDir, "gids"))
-	if err != nil {
-		return -1, fmt.Errorf("rdma %s port %d: read gid table: %w", dev, port, err)
-	}
-	if len(names) == 0 {
-		return -1, fmt.Errorf("rdma %s port %d: no gid table", dev, port)
-	}
-	idx := make([]int, 0, len(names))
-	for _, n := range names {
-		if i, err := strconv.Atoi(n); err == nil {
-			idx = append(idx, i)
-		}
-	}
-	sort.Ints(idx)
-	for _, i := range idx {
-		s := strconv.Itoa(i)
-		typ, err := pci.ReadString(filepath.Join(portDir, "gid_attrs", "types", s))
-		if err != nil || typ != "RoCE v2" {
-			continue
-		}
-		ndev, err := pci.ReadString(filepath.Join(portDir, "gid_attrs", "ndevs", s))
-		if err != nil || ndev != netdev {
-			continue
-		}
-		gid, err := pci.ReadString(filepath.Join(portDir, "gids", s))
-		if err != nil {
-			continue
-		}
-		if ip := ParseGID(gid); ip != nil && ip.To4() != nil {
-			return i, nil
-		}
-	}
-	return -1, fmt.Errorf("rdma %s port %d: netdev %s: RoCE v2 IPv4 GID: %w", dev, port, netdev, ErrNoGID)
-}
-
-// ParseGID parses a sysfs GID ("fe80:0000:…", eight groups of four hex
-// digits) into an IP; nil when malformed.
-func ParseGID(s string) net.IP {
-	parts := strings.Split(s, ":")
-	if len(parts) != 8 {
-		return nil
-	}
-	ip := make(net.IP, 16)
-	for i, p := range parts {
-		if len(p) != 4 {
-			return nil
-		}
-		v, err := strconv.ParseUint(p, 16, 16)
-		if err != nil {
-			return nil
-		}
-		ip[2*i], ip[2*i+1] = byte(v>>8), byte(v)
-	}
-	return ip
-}
-
-// checkName refuses device names that would build paths outside sysfs.
-func checkName(dev string) error {
-	if dev == "" || strings.ContainsAny(dev, "/\x00") || dev == "." || dev == ".." {
-		return fmt.Errorf("rdma: invalid device name %q", dev)
-	}
-	return nil
 }
 
 // readDirNames lists a directory, sorted; a missing directory is empty.
