@@ -36,17 +36,24 @@ func (p *Pool) Capacity() int {
 func Build(cfg *Config, devices []nic.Device) ([]Pool, []string) {
 	var warns []string
 	pools := make([]Pool, len(cfg.Resources))
-	owner := map[string]string{} // PCI address → exclusive resource
+	// owner[i] is the exclusive resource that holds devices[i], "" for
+	// none. Devices are taken by index and copied once, into a pool sized
+	// for them: a node of a thousand VFs is a thousand large structs.
+	owner := make([]string, len(devices))
+	var matched []int // the indexes of the devices a resource selects
 	for i := range cfg.Resources {
 		r := &cfg.Resources[i]
 		pools[i] = Pool{Resource: *r, Devices: []nic.Device{}}
 		if r.Kind != Exclusive {
 			continue
 		}
+		name := r.ResourceName()
+		matched = matched[:0]
 		taken := map[string][]string{} // earlier resource → addresses it already holds
 		var takenOrder []string
-		for _, d := range devices {
-			if !r.matches(&d) {
+		for j := range devices {
+			d := &devices[j]
+			if !r.matches(d) {
 				continue
 			}
 			switch {
@@ -56,16 +63,17 @@ func Build(cfg *Config, devices []nic.Device) ([]Pool, []string) {
 				warns = append(warns, fmt.Sprintf("%s: %s is selected but bound to no driver: left out (bind it to mlx5_core or vfio-pci)", r.ResourceName(), d.PCIAddress))
 				continue
 			}
-			if prev, ok := owner[d.PCIAddress]; ok {
+			if prev := owner[j]; prev != "" {
 				if taken[prev] == nil {
 					takenOrder = append(takenOrder, prev)
 				}
 				taken[prev] = append(taken[prev], d.PCIAddress)
 				continue
 			}
-			owner[d.PCIAddress] = r.ResourceName()
-			pools[i].Devices = append(pools[i].Devices, d)
+			owner[j] = name
+			matched = append(matched, j)
 		}
+		pools[i].Devices = take(devices, matched)
 		for _, prev := range takenOrder {
 			warns = append(warns, fmt.Sprintf("%s: %d selected functions are already in %s (the first pool that selects a function gets it): %s",
 				r.ResourceName(), len(taken[prev]), prev, strings.Join(taken[prev], ", ")))
@@ -76,20 +84,23 @@ func Build(cfg *Config, devices []nic.Device) ([]Pool, []string) {
 		if p.Kind != Shared {
 			continue
 		}
-		for _, d := range devices {
-			if !p.matches(&d) {
+		matched = matched[:0]
+		for j := range devices {
+			d := &devices[j]
+			if !p.matches(d) {
 				continue
 			}
 			if d.RDMADevice == "" {
 				warns = append(warns, fmt.Sprintf("%s: %s is selected but has no RDMA device: left out (is mlx5_ib loaded?)", p.ResourceName(), d.PCIAddress))
 				continue
 			}
-			if prev, ok := owner[d.PCIAddress]; ok {
+			if prev := owner[j]; prev != "" {
 				warns = append(warns, fmt.Sprintf("%s: %s is in exclusive pool %s: left out of the shared pool", p.ResourceName(), d.PCIAddress, prev))
 				continue
 			}
-			p.Devices = append(p.Devices, d)
+			matched = append(matched, j)
 		}
+		p.Devices = take(devices, matched)
 	}
 	for i := range pools {
 		if len(pools[i].Devices) == 0 {
@@ -97,6 +108,15 @@ func Build(cfg *Config, devices []nic.Device) ([]Pool, []string) {
 		}
 	}
 	return pools, warns
+}
+
+// take copies devices[idx...] into a slice of their own, never nil.
+func take(devices []nic.Device, idx []int) []nic.Device {
+	out := make([]nic.Device, len(idx))
+	for k, j := range idx {
+		out[k] = devices[j]
+	}
+	return out
 }
 
 // matches reports whether any of r's selectors matches d.
