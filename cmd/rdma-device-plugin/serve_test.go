@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -32,6 +33,7 @@ import (
 // builtBinary is one build of the daemon, made once per test binary.
 type builtBinary struct {
 	tags string
+	pkg  string // the main package to build, "" for the daemon's
 	once sync.Once
 	path string
 	err  error
@@ -42,6 +44,9 @@ var (
 	leanBinary = &builtBinary{tags: "nodra,grpcnotrace"}
 	// draBinary is rdma-device-plugin-dra: DRA linked in.
 	draBinary = &builtBinary{tags: "grpcnotrace"}
+	// regfloorBinary is test/regfloor, BenchmarkDaemonStart's yardstick,
+	// built as the lean daemon is.
+	regfloorBinary = &builtBinary{tags: "nodra,grpcnotrace", pkg: "../../test/regfloor"}
 )
 
 // build builds rdma-device-plugin as the Dockerfile does: static, trimmed
@@ -55,8 +60,12 @@ func (b *builtBinary) build(t testing.TB) string {
 			b.err = err
 			return
 		}
+		pkg := cmp.Or(b.pkg, ".")
 		b.path = filepath.Join(dir, "rdma-device-plugin")
-		cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-tags", b.tags, "-ldflags", "-s -w", "-o", b.path, ".")
+		if b.pkg != "" {
+			b.path = filepath.Join(dir, filepath.Base(b.pkg))
+		}
+		cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-tags", b.tags, "-ldflags", "-s -w", "-o", b.path, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.err = fmt.Errorf("go build -tags %s: %v: %s", b.tags, err, out)
@@ -80,6 +89,7 @@ func TestMain(m *testing.M) {
 	code := testnet.Main(m)
 	leanBinary.remove()
 	draBinary.remove()
+	regfloorBinary.remove()
 	if benchHost != "" {
 		os.RemoveAll(benchHost)
 	}
