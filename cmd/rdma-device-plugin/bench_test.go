@@ -171,7 +171,7 @@ func startRegFloor(b *testing.B) *daemon {
 	d.stub = kubeletstub.New(d.dir)
 	require.NoError(b, d.stub.Start())
 	b.Cleanup(d.stub.Stop)
-	d.argv = append([]string{regfloorBinary.build(b), d.dir}, soakPools...)
+	d.argv = append([]string{regfloorBinary(b), d.dir}, soakPools...)
 	d.spawn()
 	b.Cleanup(func() {
 		if d.cmd.ProcessState == nil {

@@ -93,7 +93,7 @@ current-context: c
 // Kubernetes API client; a config that serves a pool through DRA is a
 // startup error there that names the pool and the binary to run instead.
 func TestLeanBuildHasNoDRA(t *testing.T) {
-	bin := leanBinary.build(t)
+	bin := binary(t)
 	deps, err := exec.Command("go", "list", "-tags", "nodra", "-deps", ".").Output()
 	require.NoError(t, err)
 	for _, pkg := range strings.Fields(string(deps)) {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,70 +25,43 @@ import (
 
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/testbin"
 	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 
-// builtBinary is one build of the daemon, made once per test binary.
-type builtBinary struct {
-	tags string
-	pkg  string // the main package to build, "" for the daemon's
-	once sync.Once
-	path string
-	err  error
-}
-
-var (
-	// leanBinary is what the default DaemonSet runs: no DRA.
-	leanBinary = &builtBinary{tags: "nodra,grpcnotrace"}
-	// draBinary is rdma-device-plugin-dra: DRA linked in.
-	draBinary = &builtBinary{tags: "grpcnotrace"}
-	// regfloorBinary is test/regfloor, BenchmarkDaemonStart's yardstick,
-	// built as the lean daemon is.
-	regfloorBinary = &builtBinary{tags: "nodra,grpcnotrace", pkg: "../../test/regfloor"}
+// The daemon's packages; the binaries the tests and benchmarks run are
+// built as the Dockerfile builds them (testbin.Flags.Release), once per
+// test binary.
+const (
+	daemonPkg   = "github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin"
+	regfloorPkg = "github.com/fastpath-k8s/fastpath/test/regfloor"
 )
 
-// build builds rdma-device-plugin as the Dockerfile does: static, trimmed
-// paths, no symbol table or DWARF, gRPC without golang.org/x/net/trace
-// (make's BUILDTAGS).
-func (b *builtBinary) build(t testing.TB) string {
+// binary is the lean daemon (-tags nodra,grpcnotrace): what the default
+// DaemonSet runs, and what the tests and benchmarks of the device plugin
+// run. grpcnotrace is make's BUILDTAGS: gRPC without golang.org/x/net/trace.
+func binary(t testing.TB) string {
 	t.Helper()
-	b.once.Do(func() {
-		dir, err := os.MkdirTemp("", "fastpath-dp-bin-")
-		if err != nil {
-			b.err = err
-			return
-		}
-		pkg := cmp.Or(b.pkg, ".")
-		b.path = filepath.Join(dir, "rdma-device-plugin")
-		if b.pkg != "" {
-			b.path = filepath.Join(dir, filepath.Base(b.pkg))
-		}
-		cmd := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-tags", b.tags, "-ldflags", "-s -w", "-o", b.path, pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("go build -tags %s: %v: %s", b.tags, err, out)
-		}
-	})
-	require.NoError(t, b.err)
-	return b.path
+	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "nodra,grpcnotrace", Release: true}, daemonPkg), "rdma-device-plugin")
 }
 
-func (b *builtBinary) remove() {
-	if b.path != "" {
-		os.RemoveAll(filepath.Dir(b.path))
-	}
+// draBinary is rdma-device-plugin-dra: DRA linked in.
+func draBinary(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "grpcnotrace", Release: true}, daemonPkg), "rdma-device-plugin")
 }
 
-// binary is the lean daemon (-tags nodra), which the tests and
-// benchmarks of the device plugin run.
-func binary(t testing.TB) string { return leanBinary.build(t) }
+// regfloorBinary is test/regfloor, BenchmarkDaemonStart's yardstick, built
+// as the lean daemon is.
+func regfloorBinary(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "nodra,grpcnotrace", Release: true}, regfloorPkg), "regfloor")
+}
 
 func TestMain(m *testing.M) {
 	code := testnet.Main(m)
-	leanBinary.remove()
-	draBinary.remove()
-	regfloorBinary.remove()
+	testbin.Cleanup()
 	if benchHost != "" {
 		os.RemoveAll(benchHost)
 	}
@@ -162,7 +134,7 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 	host, config := o.host, o.config
 	bin := binary(t)
 	if o.dra {
-		bin = draBinary.build(t)
+		bin = draBinary(t)
 	}
 	base := t.TempDir()
 	d := &daemon{

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -32,6 +33,20 @@ const (
 // it: a CNI_PATH.
 func Build(tb testing.TB, pkgs ...string) string {
 	tb.Helper()
+	return BuildWith(tb, Flags{}, pkgs...)
+}
+
+// Flags are how BuildWith builds.
+type Flags struct {
+	Tags string // go build -tags
+	// Release builds as the Dockerfile does: static (CGO_ENABLED=0),
+	// -trimpath, no symbol table or DWARF (-ldflags "-s -w").
+	Release bool
+}
+
+// BuildWith is Build with f. Each set of flags has its own directory.
+func BuildWith(tb testing.TB, f Flags, pkgs ...string) string {
+	tb.Helper()
 	mu.Lock()
 	defer mu.Unlock()
 	if dir == "" {
@@ -41,6 +56,10 @@ func Build(tb testing.TB, pkgs ...string) string {
 		}
 		dir = d
 	}
+	out := dir
+	if f != (Flags{}) {
+		out = filepath.Join(dir, fmt.Sprintf("tags=%s,release=%t", f.Tags, f.Release))
+	}
 	for _, p := range pkgs {
 		name := path.Base(p)
 		for i := len(p) - 1; i >= 0; i-- {
@@ -49,19 +68,30 @@ func Build(tb testing.TB, pkgs ...string) string {
 				break
 			}
 		}
-		err, done := built[name]
+		bin := filepath.Join(out, name)
+		err, done := built[bin]
 		if !done {
-			out, cerr := exec.Command("go", "build", "-buildvcs=false", "-o", filepath.Join(dir, name), p).CombinedOutput()
-			if cerr != nil {
-				err = fmt.Errorf("go build %s: %v\n%s", p, cerr, out)
+			args := []string{"build", "-buildvcs=false", "-o", bin}
+			if f.Tags != "" {
+				args = append(args, "-tags", f.Tags)
 			}
-			built[name] = err
+			if f.Release {
+				args = append(args, "-trimpath", "-ldflags", "-s -w")
+			}
+			cmd := exec.Command("go", append(args, p)...)
+			if f.Release {
+				cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			}
+			if b, cerr := cmd.CombinedOutput(); cerr != nil {
+				err = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), cerr, b)
+			}
+			built[bin] = err
 		}
 		if err != nil {
 			tb.Fatal(err)
 		}
 	}
-	return dir
+	return out
 }
 
 // Cleanup removes the binaries; call it from TestMain after m.Run.
