@@ -18,18 +18,43 @@ import (
 // so one readlink per entry tells which function owns it: cheaper, on a
 // node with thousands of VFs, than listing <sub> below every function.
 // Entries below something else (virtual devices, auxiliary devices such as
-// ice.roce.0) are not in the map. Keys are the addresses' bytes, so that
-// reading a class makes no string per owner; look up with Of.
-type ClassLinks map[[12]byte][]string
+// ice.roce.0) are left out. Owners are kept as their addresses' bytes,
+// sorted, beside their entries: reading a class makes no string per owner
+// and no map (a node of a thousand VFs reads four classes per scan); look
+// up with Of.
+type ClassLinks struct {
+	owners [][12]byte // sorted, distinct
+	names  [][]string // names[i]: the entries below owners[i], sorted
+	dirs   []string   // when read with dirs: owners[i]'s directory
+}
+
+// Len is the number of functions with entries.
+func (c ClassLinks) Len() int { return len(c.owners) }
 
 // Of returns the entries below the function at addr.
 func (c ClassLinks) Of(addr string) []string {
+	if i, ok := c.find(addr); ok {
+		return c.names[i]
+	}
+	return nil
+}
+
+// dir returns the directory of the function at addr as its entries'
+// links give it, "" when it has none (or the class was read without).
+func (c ClassLinks) dir(addr string) string {
+	if i, ok := c.find(addr); ok && c.dirs != nil {
+		return c.dirs[i]
+	}
+	return ""
+}
+
+func (c ClassLinks) find(addr string) (int, bool) {
 	if len(addr) != 12 {
-		return nil
+		return 0, false
 	}
 	var k [12]byte
 	copy(k[:], addr)
-	return c[k]
+	return slices.BinarySearchFunc(c.owners, k, func(o, k [12]byte) int { return bytes.Compare(o[:], k[:]) })
 }
 
 // ReadClassLinks reads <sys>/class/<class>, whose entries live in the <sub>
@@ -46,29 +71,24 @@ func ReadClassLinks(sys, class, sub string, workers int) (ClassLinks, error) {
 // read instead of name's. ib_umad, for one, makes umadN and issmN for the
 // same port with the same parent.
 func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(name string) string) (ClassLinks, error) {
-	links, _, err := readClassLinks(sys, class, sub, workers, sibling, false)
-	return links, err
+	return readClassLinks(sys, class, sub, workers, sibling, false)
 }
 
-// ownerDirs are the directories of the functions that own class entries,
-// by address: "<sys>/devices/pci0000:15/…/0000:18:00.1", as the entries'
-// links give them.
-type ownerDirs map[[12]byte]string
-
-// readClassLinks is ReadClassLinksSharing, also returning the owners'
-// directories when dirs is set.
-func readClassLinks(sys, class, sub string, workers int, sibling func(name string) string, dirs bool) (ClassLinks, ownerDirs, error) {
+// readClassLinks is ReadClassLinksSharing, also keeping the owners'
+// directories ("<sys>/devices/pci0000:15/…/0000:18:00.1", as the entries'
+// links give them) when dirs is set.
+func readClassLinks(sys, class, sub string, workers int, sibling func(name string) string, dirs bool) (ClassLinks, error) {
 	dir, err := sysfs.Open(filepath.Join(sys, "class", class))
 	if errors.Is(err, fs.ErrNotExist) {
-		return ClassLinks{}, nil, nil
+		return ClassLinks{}, nil
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("list class %s: %w", class, err)
+		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
 	defer dir.Close()
 	names, err := dir.List(".")
 	if err != nil {
-		return nil, nil, fmt.Errorf("list class %s: %w", class, err)
+		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
 	// owners[i] is the PCI address that names[i] hangs below, zero for
 	// none: kept as bytes until the map is made, one string per owner.
@@ -149,24 +169,28 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 		}
 	}
 	all := make([]string, len(order))
-	out := make(ClassLinks, distinct)
-	var od ownerDirs
+	out := ClassLinks{owners: make([][12]byte, 0, distinct), names: make([][]string, 0, distinct)}
 	if dirs {
-		od = make(ownerDirs, distinct)
+		out.dirs = make([]string, 0, distinct)
 	}
 	for lo := 0; lo < len(order); {
 		o := owners[order[lo]]
 		hi := lo
+		path := ""
 		for ; hi < len(order) && owners[order[hi]] == o; hi++ {
 			all[hi] = names[order[hi]]
 			if dirs && paths[order[hi]] != "" {
-				od[o] = paths[order[hi]]
+				path = paths[order[hi]]
 			}
 		}
-		out[o] = all[lo:hi:hi]
+		out.owners = append(out.owners, o)
+		out.names = append(out.names, all[lo:hi:hi])
+		if dirs {
+			out.dirs = append(out.dirs, path)
+		}
 		lo = hi
 	}
-	return out, od, nil
+	return out, nil
 }
 
 // ClassLinkInside reports whether target, the target of an entry of

@@ -58,12 +58,11 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 	// The bus listing and the class net links overlap: each is a long
 	// run of system calls on one CPU.
 	var netdevs ClassLinks
-	var netDirs ownerDirs
 	var netErr error
 	listed := make(chan struct{})
 	go func() {
 		defer close(listed)
-		netdevs, netDirs, netErr = readClassLinks(s.sys, "net", "net", s.workers, nil, true)
+		netdevs, netErr = readClassLinks(s.sys, "net", "net", s.workers, nil, true)
 	}()
 	entries, err := bus.List(".")
 	<-listed
@@ -90,7 +89,7 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 	for lo := 0; lo < len(addrs); lo += chunk {
 		hi := min(lo+chunk, len(addrs))
 		wg.Go(func() {
-			w := newWorker(s, bus, keep, visit, netdevs, netDirs)
+			w := newWorker(s, bus, keep, visit, netdevs)
 			defer w.close()
 			for i := lo; i < hi; i++ {
 				kept[i], errs[i] = w.scanOne(&fns[i], addrs[i])
@@ -191,8 +190,7 @@ type worker struct {
 	bus     sysfs.Dir
 	keep    func(string) bool
 	visit   Visitor
-	netdevs ClassLinks
-	netDirs ownerDirs
+	netdevs ClassLinks // with the owners' directories
 	parents map[string]*parentDir
 	strs    interned
 	// at is the directory visit reads through, passed by pointer: one
@@ -208,8 +206,8 @@ type parentDir struct {
 	pcieRoot string
 }
 
-func newWorker(s *Scanner, bus sysfs.Dir, keep func(string) bool, visit Visitor, netdevs ClassLinks, netDirs ownerDirs) *worker {
-	return &worker{s: s, bus: bus, keep: keep, visit: visit, netdevs: netdevs, netDirs: netDirs,
+func newWorker(s *Scanner, bus sysfs.Dir, keep func(string) bool, visit Visitor, netdevs ClassLinks) *worker {
+	return &worker{s: s, bus: bus, keep: keep, visit: visit, netdevs: netdevs,
 		parents: map[string]*parentDir{}, strs: interned{}}
 }
 
@@ -247,7 +245,7 @@ func (w *worker) parent(path string) (*parentDir, error) {
 // address), which spares the readlink of its bus link; another function's
 // comes from its bus link.
 func (w *worker) scanOne(f *Function, addr string) (bool, error) {
-	if path := w.netDirs[[12]byte([]byte(addr))]; path != "" {
+	if path := w.netdevs.dir(addr); path != "" {
 		*f = Function{Address: addr, NUMANode: -1, SysfsPath: path}
 	} else if err := w.s.resolve(w.bus, f, addr); err != nil {
 		return false, err
