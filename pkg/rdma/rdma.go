@@ -255,8 +255,10 @@ func linkLayer(b []byte) string {
 	return string(b)
 }
 
-// DevNodes is the set of char devices present in <root>/dev/infiniband.
-type DevNodes map[string]struct{}
+// DevNodes is the set of char devices present in <root>/dev/infiniband:
+// their names, sorted (a listing of the directory, searched rather than
+// copied into a map: a node of a thousand VFs has three thousand).
+type DevNodes []string
 
 // Has reports whether the device at host path ("/dev/infiniband/uverbs14")
 // is present.
@@ -265,7 +267,7 @@ func (n DevNodes) Has(path string) bool {
 	if !ok {
 		return false
 	}
-	_, ok = n[name]
+	_, ok = slices.BinarySearch(n, name)
 	return ok
 }
 
@@ -276,11 +278,7 @@ func (r *Reader) DevNodes() (DevNodes, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := make(DevNodes, len(names))
-	for _, n := range names {
-		m[n] = struct{}{}
-	}
-	return m, nil
+	return DevNodes(names), nil
 }
 
 // readDirNames lists a directory, sorted; a missing directory is empty.
