@@ -203,7 +203,7 @@ var dirents = sync.Pool{New: func() any { return new([32 << 10]byte) }}
 // names of one buffer share one string (two allocations, not one per
 // name: a scan lists about ten thousand entries).
 func appendNames(names []string, b []byte) []string {
-	size := 0
+	size, count := 0, 0
 	for r := b; len(r) >= 19; {
 		name, reclen := dirent(r)
 		if reclen == 0 {
@@ -211,9 +211,11 @@ func appendNames(names []string, b []byte) []string {
 		}
 		if !dotOrDotDot(name) {
 			size += len(name)
+			count++
 		}
 		r = r[reclen:]
 	}
+	names = slices.Grow(names, count)
 	blob := make([]byte, 0, size)
 	start := len(names)
 	for r := b; len(r) >= 19; {
