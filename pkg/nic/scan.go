@@ -127,10 +127,6 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	}
 	snap := &Snapshot{Devices: make([]Device, 0, len(fns))}
 	models := map[[8]byte]string{}
-	byAddr := make(map[string]*pci.Function, len(fns))
-	for i := range fns {
-		byAddr[fns[i].Address] = &fns[i]
-	}
 	if nodes.Has(rdma.RDMACMPath) {
 		snap.RDMACM = rdma.RDMACMPath
 	}
@@ -145,7 +141,9 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		var pf *pci.Function
 		vfIndex := -1
 		if f.IsVF() {
-			pf = byAddr[f.PhysFn]
+			if j, ok := pci.Find(fns, f.PhysFn); ok {
+				pf = &fns[j]
+			}
 			vfIndex = vfs.Index(f.PhysFn, f.Address)
 		}
 		devs := rdmaOf[f.Address]

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
@@ -98,8 +99,7 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 	}
 	wg.Wait()
 
-	out := fns[:0]
-	index := make(map[string]int, len(addrs))
+	out := fns[:0] // sorted by address, as the listing is
 	for i := range fns {
 		if errs[i] != nil {
 			// A function that vanished mid-scan (hot unplug, VFs being
@@ -112,7 +112,6 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 		if !kept[i] {
 			continue
 		}
-		index[fns[i].Address] = len(out)
 		out = append(out, fns[i]) // in place: len(out) <= i
 	}
 	clear(fns[len(out):])
@@ -123,7 +122,7 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 		}
 		// A VF: the kernel puts it on its PF's bus, and so on its PF's
 		// node.
-		if j, ok := index[f.PhysFn]; ok && out[j].NUMANode >= 0 {
+		if j, ok := Find(out, f.PhysFn); ok && out[j].NUMANode >= 0 {
 			f.NUMANode = out[j].NUMANode
 			continue
 		}
@@ -134,6 +133,12 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 		}
 	}
 	return out, nil
+}
+
+// Find returns the index of the function at addr in fns, sorted by
+// address (as Scan returns them), or false.
+func Find(fns []Function, addr string) (int, bool) {
+	return slices.BinarySearchFunc(fns, addr, func(f Function, addr string) int { return strings.Compare(f.Address, addr) })
 }
 
 // busLinkPrefix is how every entry of <sys>/bus/pci/devices points into
