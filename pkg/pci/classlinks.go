@@ -39,13 +39,18 @@ func (c ClassLinks) Of(addr string) []string {
 	return nil
 }
 
-// dir returns the directory of the function at addr as its entries'
-// links give it, "" when it has none (or the class was read without).
-func (c ClassLinks) dir(addr string) string {
-	if i, ok := c.find(addr); ok && c.dirs != nil {
-		return c.dirs[i]
+// entries returns Of(addr) and the directory of the function at addr as
+// its entries' links give it ("" when it has none, or the class was read
+// without directories), from one search.
+func (c ClassLinks) entries(addr string) (names []string, dir string) {
+	i, ok := c.find(addr)
+	if !ok {
+		return nil, ""
 	}
-	return ""
+	if c.dirs != nil {
+		dir = c.dirs[i]
+	}
+	return c.names[i], dir
 }
 
 func (c ClassLinks) find(addr string) (int, bool) {

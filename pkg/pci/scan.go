@@ -250,7 +250,8 @@ func (w *worker) parent(path string) (*parentDir, error) {
 // address), which spares the readlink of its bus link; another function's
 // comes from its bus link.
 func (w *worker) scanOne(f *Function, addr string) (bool, error) {
-	if path := w.netdevs.dir(addr); path != "" {
+	netdevs, path := w.netdevs.entries(addr)
+	if path != "" {
 		*f = Function{Address: addr, NUMANode: -1, SysfsPath: path}
 	} else if err := w.s.resolve(w.bus, f, addr); err != nil {
 		return false, err
@@ -287,7 +288,7 @@ func (w *worker) scanOne(f *Function, addr string) (bool, error) {
 	if f.Driver == DriverVFIO {
 		f.readIOMMUGroup(at)
 	}
-	readNetdevs(f, at, w.netdevs.Of(addr))
+	readNetdevs(f, at, netdevs)
 	if w.visit != nil {
 		w.at = at
 		if err := w.visit(f, &w.at); err != nil {
