@@ -12,11 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
 )
 
@@ -167,18 +165,9 @@ func BenchmarkDaemonStart(b *testing.B) {
 func startRegFloor(b *testing.B) *daemon {
 	b.Helper()
 	d := &daemon{t: b, dir: filepath.Join(b.TempDir(), "kubelet"), log: &syncBuffer{}}
-	require.NoError(b, os.MkdirAll(d.dir, 0o755))
-	d.stub = kubeletstub.New(d.dir)
-	require.NoError(b, d.stub.Start())
-	b.Cleanup(d.stub.Stop)
+	d.startStub()
 	d.argv = append([]string{regfloorBinary(b), d.dir}, soakPools...)
-	d.spawn()
-	b.Cleanup(func() {
-		if d.cmd.ProcessState == nil {
-			_ = d.cmd.Process.Kill()
-			<-d.done
-		}
-	})
+	d.spawnUntilCleanup()
 	return d
 }
 

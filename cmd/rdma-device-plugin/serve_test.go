@@ -141,10 +141,7 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 		t: t, dir: filepath.Join(base, "kubelet"), devinfo: filepath.Join(base, "devinfo"), cdi: filepath.Join(base, "cdi"),
 		metrics: freePort(t), log: &syncBuffer{}, done: make(chan error, 1),
 	}
-	require.NoError(t, os.MkdirAll(d.dir, 0o755))
-	d.stub = kubeletstub.New(d.dir)
-	require.NoError(t, d.stub.Start())
-	t.Cleanup(d.stub.Stop)
+	d.startStub()
 	args := []string{"--host-root", host, "--config", config, "--kubelet-dir", d.dir,
 		"--devinfo-dir", d.devinfo, "--cdi-spec-dir", d.cdi, "--metrics-addr", d.metrics,
 		// Not the machine's kubelet, if it has one.
@@ -164,17 +161,34 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 		}
 	}
 	d.argv = append(append(d.argv, bin), args...)
+	d.spawnUntilCleanup()
+	return d
+}
+
+// startStub serves the kubelet's Registration side in d.dir until the
+// test ends.
+func (d *daemon) startStub() {
+	d.t.Helper()
+	require.NoError(d.t, os.MkdirAll(d.dir, 0o755))
+	d.stub = kubeletstub.New(d.dir)
+	require.NoError(d.t, d.stub.Start())
+	d.t.Cleanup(d.stub.Stop)
+}
+
+// spawnUntilCleanup spawns d's command and kills it, if it still runs,
+// when the test ends; a failed test logs its output.
+func (d *daemon) spawnUntilCleanup() {
+	d.t.Helper()
 	d.spawn()
-	t.Cleanup(func() {
+	d.t.Cleanup(func() {
 		if d.cmd.ProcessState == nil {
 			_ = d.cmd.Process.Kill()
 			<-d.done
 		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", d.log.String())
+		if d.t.Failed() {
+			d.t.Logf("daemon log:\n%s", d.log.String())
 		}
 	})
-	return d
 }
 
 // spawn starts the daemon's command (again, after kill).
