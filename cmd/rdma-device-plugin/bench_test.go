@@ -12,10 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/floor/fromnic"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
 const benchPFs, benchVFsPerPF = 8, 128
@@ -97,7 +101,11 @@ func BenchmarkDaemonRSS(b *testing.B) {
 // the least a Go device plugin on the kubelet's v1beta1 API does (two
 // gRPC servers, two Register calls; no config, discovery or metrics),
 // built as the daemon is. What it takes is what this machine charges for
-// starting such a process at all.
+// starting such a process at all. host=vfs1024/floor is regfloor making
+// one discovery floor pass over the 1024-VF host before it serves
+// (package internal/floor; the VFs are found by a scan in the benchmark's
+// process): the least a plugin that reads that host before registering
+// takes.
 //
 // On a shared machine the wall time includes waiting for a CPU. Beside
 // the percentiles of the wall time it reports the medians of what the
@@ -107,18 +115,23 @@ func BenchmarkDaemonRSS(b *testing.B) {
 func BenchmarkDaemonStart(b *testing.B) {
 	binary(b)
 	for _, tc := range []struct {
-		name string
-		host func(*testing.B) string
+		name  string
+		host  func(*testing.B) string
+		floor bool
 	}{
-		{"host=dgx", func(*testing.B) string { return fixture("dgx-h100") }},
-		{"host=vfs1024", largeHost},
-		{"host=none/floor", nil},
+		{"host=dgx", func(*testing.B) string { return fixture("dgx-h100") }, false},
+		{"host=vfs1024", largeHost, false},
+		{"host=none/floor", nil, true},
+		{"host=vfs1024/floor", largeHost, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var d *daemon
-			if tc.host == nil {
-				d = startRegFloor(b)
-			} else {
+			switch {
+			case tc.floor && tc.host == nil:
+				d = startRegFloor(b, "")
+			case tc.floor:
+				d = startRegFloor(b, tc.host(b))
+			default:
 				d = startDaemonWith(b, daemonOpts{host: tc.host(b), config: config("combined.json"), hostNetns: true})
 			}
 			d.registrations(soakPools...)
@@ -161,12 +174,28 @@ func BenchmarkDaemonStart(b *testing.B) {
 }
 
 // startRegFloor starts test/regfloor for soakPools against a kubelet
-// stub, as startDaemonWith starts the daemon.
-func startRegFloor(b *testing.B) *daemon {
+// stub, as startDaemonWith starts the daemon; with a host, it makes a
+// discovery floor pass over the host's VFs first.
+func startRegFloor(b *testing.B, host string) *daemon {
 	b.Helper()
 	d := &daemon{t: b, dir: filepath.Join(b.TempDir(), "kubelet"), log: &syncBuffer{}}
 	d.startStub()
-	d.argv = append([]string{regfloorBinary(b), d.dir}, soakPools...)
+	d.argv = []string{regfloorBinary(b)}
+	if host != "" {
+		snap, err := nic.NewScanner(host).Scan()
+		require.NoError(b, err)
+		vfs, err := fromnic.VFs(snap)
+		require.NoError(b, err)
+		require.NotEmpty(b, vfs)
+		list := filepath.Join(b.TempDir(), "vfs")
+		f, err := os.Create(list)
+		require.NoError(b, err)
+		require.NoError(b, floor.Write(f, vfs))
+		require.NoError(b, f.Close())
+		d.argv = append(d.argv, "-root", host, "-vfs", list)
+	}
+	d.argv = append(d.argv, d.dir)
+	d.argv = append(d.argv, soakPools...)
 	d.spawnUntilCleanup()
 	return d
 }

@@ -2,19 +2,17 @@ package nic_test
 
 import (
 	"fmt"
-	"path/filepath"
 	"runtime"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/floor/fromnic"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
-	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 // discoverHosts are the generated scale hosts: PFs x VFs per PF.
@@ -24,11 +22,8 @@ var discoverHosts = []struct{ pfs, vfs int }{{8, 16}, {8, 128}, {32, 128}}
 // VF has a netdev, an RDMA device and uverbs/umad/issm char devices.
 //
 // The floor sub-benchmark is not fastpath code: on the same host it makes
-// only the system calls no faithful scan can do without, per VF, from as
-// many threads as there are CPUs, with nothing parsed or kept: read
-// uevent, readlink physfn and the PF's virtfnN, readlink its four class
-// entries (net, infiniband, infiniband_verbs, infiniband_mad) and read its
-// port's link_layer. It tells what this machine's kernel charges for
+// only the system calls no faithful scan can do without (package
+// internal/floor says which). It tells what this machine's kernel charges for
 // reading a node, so that Scan's figure can be read against it. vs-floor
 // alternates the two and reports the median ratio (x-floor).
 func BenchmarkDiscover(b *testing.B) {
@@ -89,71 +84,17 @@ func benchVsFloor(b *testing.B, root string, sc *nic.Scanner, snap *nic.Snapshot
 // floorOps prepares the floor's system calls for every VF of snap and
 // returns a function that makes them once, from one thread per CPU.
 func floorOps(b *testing.B, root string, snap *nic.Snapshot, vfs int) func() {
-	sys := filepath.Join(root, "sys")
-	open := func(p string) int {
-		fd, err := unix.Open(filepath.Join(sys, p), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		require.NoError(b, err)
-		b.Cleanup(func() { unix.Close(fd) })
-		return fd
-	}
-	bus, net, ib, verbs, mad := open("bus/pci/devices"), open("class/net"), open("class/infiniband"),
-		open("class/infiniband_verbs"), open("class/infiniband_mad")
-	type op struct {
-		dir  int
-		name string
-		read bool // open, read and close; else readlink
-	}
-	var ops [][]op // per VF
-	for _, d := range snap.Devices {
-		if !d.IsVF() {
-			continue
-		}
-		var umad, uverbs string
-		for _, c := range d.CharDevices {
-			switch c.Kind {
-			case rdma.KindUmad:
-				umad = c.Name
-			case rdma.KindUverbs:
-				uverbs = c.Name
-			}
-		}
-		require.True(b, d.Netdev != "" && d.RDMADevice != "" && umad != "" && uverbs != "", "VF %s is missing a piece", d.PCIAddress)
-		ops = append(ops, []op{
-			{bus, d.PCIAddress + "/uevent", true},
-			{bus, d.PCIAddress + "/physfn", false},
-			{bus, fmt.Sprintf("%s/virtfn%d", d.PFAddress, d.VFIndex), false},
-			{net, d.Netdev, false}, {ib, d.RDMADevice, false}, {verbs, uverbs, false}, {mad, umad, false},
-			{bus, d.PCIAddress + "/infiniband/" + d.RDMADevice + "/ports/1/link_layer", true},
-		})
-	}
-	require.Len(b, ops, vfs)
+	vfList, err := fromnic.VFs(snap)
+	require.NoError(b, err)
+	require.Len(b, vfList, vfs)
+	pass, err := floor.Open(root)
+	require.NoError(b, err)
+	b.Cleanup(pass.Close)
+	ops := floor.Ops(vfList)
 	threads := runtime.GOMAXPROCS(0)
 	return func() {
-		var wg sync.WaitGroup
-		chunk := (len(ops) + threads - 1) / threads
-		for lo := 0; lo < len(ops); lo += chunk {
-			part := ops[lo:min(lo+chunk, len(ops))]
-			wg.Go(func() {
-				buf := make([]byte, 512)
-				for _, vf := range part {
-					for _, o := range vf {
-						if !o.read {
-							if _, err := unix.Readlinkat(o.dir, o.name, buf); err != nil {
-								b.Error(err)
-							}
-							continue
-						}
-						fd, err := unix.Openat(o.dir, o.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-						if err != nil {
-							b.Error(err)
-							continue
-						}
-						unix.Read(fd, buf)
-						unix.Close(fd)
-					}
-				}
-			})
+		if err := pass.Run(ops, threads); err != nil {
+			b.Fatal(err)
 		}
-		wg.Wait()
 	}
 }

@@ -1,21 +1,29 @@
 // Command regfloor is not fastpath code but a yardstick for the device
 // plugin's start (BenchmarkDaemonStart's floor row): the least a Go device
 // plugin built on the kubelet's v1beta1 API does from exec to registered.
-// It discovers nothing, reads no config, opens no metrics listener: it
-// serves one gRPC server per resource on a unix socket in the kubelet's
-// plugin directory and registers each with the kubelet, as
-// rdma-device-plugin does for its pools, then waits for SIGTERM.
+// It reads no config, opens no metrics listener: it serves one gRPC server
+// per resource on a unix socket in the kubelet's plugin directory and
+// registers each with the kubelet, as rdma-device-plugin does for its
+// pools, then waits for SIGTERM.
 //
-//	regfloor <kubelet-dir> <resource>...
+// It discovers nothing unless given -vfs: then, before it serves, it
+// makes one discovery floor pass (package internal/floor) over the VFs
+// listed in that file (written by floor.Write) below -root, which is the
+// least a plugin that reads the node before it registers does on a large
+// host.
+//
+//	regfloor [-root DIR -vfs FILE] <kubelet-dir> <resource>...
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +32,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/fastpath-k8s/fastpath/internal/floor"
 )
 
 type server struct {
@@ -31,14 +41,42 @@ type server struct {
 }
 
 func main() {
-	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: regfloor <kubelet-dir> <resource>...")
+	root := flag.String("root", "/", "the host root -vfs is read below")
+	vfs := flag.String("vfs", "", "make a discovery floor pass over the VFs in this file first")
+	flag.Parse()
+	if flag.NArg() < 2 {
+		fmt.Fprintln(os.Stderr, "usage: regfloor [-root DIR -vfs FILE] <kubelet-dir> <resource>...")
 		os.Exit(2)
 	}
-	if err := run(os.Args[1], os.Args[2:]); err != nil {
+	if *vfs != "" {
+		if err := discover(*root, *vfs); err != nil {
+			fmt.Fprintln(os.Stderr, "regfloor:", err)
+			os.Exit(1)
+		}
+	}
+	if err := run(flag.Arg(0), flag.Args()[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "regfloor:", err)
 		os.Exit(1)
 	}
+}
+
+// discover makes one floor pass over the VFs listed in file.
+func discover(root, file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	vfs, err := floor.Read(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	p, err := floor.Open(root)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return p.Run(floor.Ops(vfs), runtime.GOMAXPROCS(0))
 }
 
 func run(dir string, resources []string) error {
