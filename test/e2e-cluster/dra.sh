@@ -70,6 +70,15 @@ gpu_cdi_specs() { find "$CDI_DIR" -maxdepth 1 -name "$GPU_DRIVER-gpu_*.json" -pr
 checkpoint_claims() { jq '.claims | length' "$DRA_PLUGIN_DIR/checkpoint.json" 2>/dev/null || echo missing; }
 checkpoint_is() { [[ $(checkpoint_claims) == "$1" ]]; }
 no_cdi_specs() { [[ -z $("$1") ]]; }
+# no_path PATH: PATH (a socket, a file) is gone.
+no_path() { [[ ! -e $1 ]]; }
+# no_slices DRIVER: the API server answers and lists no ResourceSlice of
+# DRIVER for the node (an unanswered list is not an empty one).
+no_slices() {
+	local json
+	json=$(kubectl get resourceslices -o json) || return 1
+	[[ $(jq --arg d "$1" --arg n "$NODE" '[.items[] | select(.spec.driver == $d and .spec.nodeName == $n)] | length' <<<"$json") == 0 ]]
+}
 pod_pending_unschedulable() {
 	[[ $(pod_phase "$1" "$2") == Pending ]] &&
 		kubectl -n "$1" get pod "$2" -o json | jq -e '.status.conditions[]? | select(.type == "PodScheduled" and .status == "False" and .reason == "Unschedulable")' >/dev/null
@@ -412,6 +421,16 @@ dra_delete() {
 	expect "whereabouts IPPool $EXAMPLE_RANGE empty" "" "$(ippool_pods "$EXAMPLE_RANGE" | xargs)"
 	check "sriov CNI state dir $SRIOV_STATE empty" empty_dir "$SRIOV_STATE"
 	check "kubectl delete -k of the DRA deployment" kubectl delete -k "$RUN/deploy-dra" --timeout 120s
+	# Uninstalled, the driver leaves nothing the kubelet or the scheduler
+	# would still act on: its registration and plugin sockets go with it,
+	# and the kubelet wipes its ResourceSlices once it has unregistered
+	# (after a grace period for a plugin that restarts), so that no claim
+	# is allocated devices nobody can prepare.
+	check "DRA driver unregistered: $K/plugins_registry/$DRA_DRIVER-reg.sock removed" \
+		wait_for 60 "registration socket removed" no_path "$K/plugins_registry/$DRA_DRIVER-reg.sock"
+	check "DRA plugin socket $DRA_PLUGIN_DIR/dra.sock removed" wait_for 60 "plugin socket removed" no_path "$DRA_PLUGIN_DIR/dra.sock"
+	check "no ResourceSlice of $DRA_DRIVER left for the node once it unregistered" \
+		wait_for 150 "ResourceSlices wiped" no_slices "$DRA_DRIVER"
 	stop gpu-standin
 	kubectl delete deviceclass "$GPU_CLASS" --ignore-not-found >/dev/null
 }
