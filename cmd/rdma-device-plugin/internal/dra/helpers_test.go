@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -120,14 +121,28 @@ func (e *testEnv) simpleAPI() {
 	e.nameGenerated()
 }
 
-// nameGenerated makes the fake API server name an object created with
-// generateName, as the real one does (the ResourceSlice controller creates
-// its slices so).
+// nameGenerated makes the fake API server fill in on a write what the
+// real one does: the name of an object created with generateName (the
+// ResourceSlice controller creates its slices so) and a resourceVersion
+// that grows with every create and update. The fake keeps versions to
+// itself; without them in the objects the controller's mutation cache
+// cannot tell its own last update from an older copy its informer still
+// holds, takes the older one, and skips a publish that matches it — the
+// change then reaches the fake only after the controller's 30 s resync.
 func (e *testEnv) nameGenerated() {
-	var seq atomic.Int64
+	var seq, version atomic.Int64
 	e.client.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if o, ok := a.(k8stesting.CreateAction).GetObject().(metav1.Object); ok && o.GetName() == "" && o.GetGenerateName() != "" {
-			o.SetName(fmt.Sprintf("%s%05d", o.GetGenerateName(), seq.Add(1)))
+		if o, ok := a.(k8stesting.CreateAction).GetObject().(metav1.Object); ok {
+			if o.GetName() == "" && o.GetGenerateName() != "" {
+				o.SetName(fmt.Sprintf("%s%05d", o.GetGenerateName(), seq.Add(1)))
+			}
+			o.SetResourceVersion(strconv.FormatInt(version.Add(1), 10))
+		}
+		return false, nil, nil
+	})
+	e.client.PrependReactor("update", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if o, ok := a.(k8stesting.UpdateAction).GetObject().(metav1.Object); ok {
+			o.SetResourceVersion(strconv.FormatInt(version.Add(1), 10))
 		}
 		return false, nil, nil
 	})
