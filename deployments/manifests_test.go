@@ -498,6 +498,21 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	// goes stale when the RDMA modules reload), read-only under --host-root.
 	requireUnderHostRoot(t, spec, c, flags["host-root"], "/sys")
 	requireUnderHostRoot(t, spec, c, flags["host-root"], "/dev")
+	// The node's CNI bin_dir, read-only under --host-root too: doctor's
+	// default there (FASTPATH_HOST_ROOT/opt/cni/bin); the same volume the
+	// init container installs into.
+	requireUnderHostRoot(t, spec, c, flags["host-root"], "/opt/cni/bin")
+	_, cniVol := mountFor(t, spec, c, path.Join(flags["host-root"], "/opt/cni/bin"))
+	require.Len(t, spec.InitContainers, 1)
+	initMount, _ := mountFor(t, spec, &spec.InitContainers[0], "/host/opt/cni/bin")
+	require.Equal(t, cniVol.Name, initMount.Name, "the plugin reads the bin_dir the init container writes")
+	// Not the CNI conf_dir: it holds Multus's kubeconfig.
+	for _, vm := range c.VolumeMounts {
+		v := volume(t, spec, vm.Name)
+		if v.HostPath != nil {
+			require.False(t, strings.HasPrefix(v.HostPath.Path, "/etc/cni"), "the plugin mounts %s", v.HostPath.Path)
+		}
+	}
 	requireHostDir(t, spec, c, flags["kubelet-dir"], false)
 	requireHostDir(t, spec, c, flags["devinfo-dir"], false)
 	requireHostDir(t, spec, c, path.Dir(pluginFlag(flags, "pod-resources-socket")), true)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -51,7 +52,10 @@ func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error
 	hostRoot := fs.String("host-root", defRoot, "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev); default $FASTPATH_HOST_ROOT or /")
 	configPath := fs.String("config", defaultConfig, "pool config file; when the default is missing, the checks cover every Mellanox function")
 	kubeletDir := fs.String("kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (empty: skip the kubelet checks)")
-	cniBin := fs.String("cni-bin-dir", "/opt/cni/bin", "the container runtime's CNI bin_dir (empty: skip)")
+	// The plugin's container has the node's CNI bin_dir under
+	// FASTPATH_HOST_ROOT too (not its conf_dir: that holds Multus's
+	// kubeconfig).
+	cniBin := fs.String("cni-bin-dir", filepath.Join(defRoot, "opt/cni/bin"), "the container runtime's CNI bin_dir (empty: skip); default $FASTPATH_HOST_ROOT/opt/cni/bin or /opt/cni/bin")
 	cniConf := fs.String("cni-conf-dir", "/etc/cni/net.d", "the container runtime's CNI conf_dir (empty: skip)")
 	pid := fs.Int("pod", 0, "PID of a process in the pod's container to inspect (run on the node, as root)")
 	ncclLog := fs.String("nccl-log", "", "an NCCL_DEBUG=INFO log to explain")

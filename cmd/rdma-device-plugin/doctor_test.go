@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/doctor"
 	fixturepkg "github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/testbin"
 )
@@ -98,6 +100,26 @@ func TestDoctorHostRootFromEnv(t *testing.T) {
 	t.Setenv("FASTPATH_HOST_ROOT", fixture("edge"))
 	out, _, _ := runDoctorCmd(t, append([]string{"--config", "", "-o", "json"}, offline...)...)
 	require.Contains(t, out, filepath.Join(fixture("edge"), "sys", "module", "ib_core", "parameters", "netns_mode"))
+}
+
+func TestDoctorCNIBinDirFromEnv(t *testing.T) {
+	// The node's CNI bin_dir is under FASTPATH_HOST_ROOT as well: in the
+	// plugin's pod doctor checks the installed sriov there, no flag given.
+	root := t.TempDir()
+	require.NoError(t, fixturepkg.Write(root, "edge"))
+	t.Setenv("FASTPATH_HOST_ROOT", root)
+	bin := filepath.Join(root, "opt", "cni", "bin")
+	require.NoError(t, os.MkdirAll(bin, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "sriov"), []byte("#!/bin/sh\n"), 0o755))
+	out, _, _ := runDoctorCmd(t, "--config", "", "--kubelet-dir", "", "--cni-conf-dir", "", "-o", "json")
+	var r doctor.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+	i := slices.IndexFunc(r.Checks, func(c doctor.Check) bool { return c.Name == "cni" })
+	require.GreaterOrEqual(t, i, 0, out)
+	// Found and read: a script is not fastpath's sriov.
+	require.Equal(t, doctor.Fail, r.Checks[i].Status, out)
+	require.Equal(t, filepath.Join(bin, "sriov"), r.Checks[i].Subject)
+	require.Contains(t, r.Checks[i].Message, "not fastpath's sriov")
 }
 
 // TestDoctorUnprivileged runs the real binary as nobody: what it may not

@@ -46,6 +46,10 @@ restarted() { (($(restart_count) > $1)); }
 plugin_log() { cat "$RUN"/pod-logs/"${DS_NS}_${DS}"-*/"$DS"/*.log 2>/dev/null; }
 netlink_on() { plugin_log | grep -q '"msg":"starting"' && ! plugin_log | grep -q 'netlink unavailable'; }
 matches() { [[ $1 =~ $2 ]]; }
+doctor_cni_ok() {
+	kubectl -n "$DS_NS" exec "ds/$DS" -- rdma-device-plugin doctor -o json >"$RUN/logs/doctor-in-pod.json" 2>"$RUN/logs/doctor-in-pod.err" || true
+	jq -e '.checks[] | select(.name == "cni" and .status == "ok" and .subject == "/host/opt/cni/bin/sriov")' "$RUN/logs/doctor-in-pod.json" >/dev/null
+}
 ds_ready() {
 	kubectl -n "$DS_NS" get ds "$DS" -o json |
 		jq -e '.status.desiredNumberScheduled == 1 and .status.numberReady == 1 and .status.updatedNumberScheduled == 1' >/dev/null
@@ -106,6 +110,12 @@ EOF
 	require "DaemonSet $DS_NS/$DS Ready on $NODE" 180 ds_ready
 	check "init container installed /opt/cni/bin/sriov (answers CNI VERSION)" \
 		bash -c "CNI_COMMAND=VERSION /opt/cni/bin/sriov </dev/null | jq -e '.supportedVersions | index(\"0.3.1\")'"
+	# doctor in the plugin's pod, as the README runs it (kubectl exec, no
+	# flag): the node's CNI bin_dir is mounted read-only under /host, so it
+	# checks the sriov the init container installed, under the shipped
+	# securityContext. Its exit status says what else it found on the
+	# fixture host; only the cni check counts here.
+	check "kubectl exec … doctor in the plugin's pod: its cni check is ok on /host/opt/cni/bin/sriov" doctor_cni_ok
 	require "node allocatable $RESOURCE = $WANT_VFS" 60 allocatable_is "$RESOURCE" "$WANT_VFS"
 	require "node allocatable $SHARED_RESOURCE = $WANT_SHARED" 30 allocatable_is "$SHARED_RESOURCE" "$WANT_SHARED"
 	expect "device plugin registrations with the kubelet ($RESOURCE)" 1 "$(registrations)"

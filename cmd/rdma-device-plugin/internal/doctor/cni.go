@@ -90,7 +90,7 @@ func (h *host) checkCNIBinary() {
 	dir := h.opts.CNIBinDir
 	if _, err := os.Stat(dir); err != nil {
 		h.addf(name, Skip, dir, "run doctor on the node, or pass --cni-bin-dir (the runtime's CNI bin_dir: /opt/cni/bin; k3s and OpenShift use others)",
-			"cannot check the CNI plugin: %v (the plugin's pod does not mount it)", err)
+			"cannot check the CNI plugin: %v", err)
 		return
 	}
 	bin := filepath.Join(dir, "sriov")
@@ -181,7 +181,7 @@ func (h *host) checkMultus() {
 	}
 	if err != nil {
 		st := Skip
-		msg := fmt.Sprintf("cannot check the CNI configs: %v (the plugin's pod does not mount it)", err)
+		msg := fmt.Sprintf("cannot check the CNI configs: %v (the plugin's pod does not mount them: they hold Multus's kubeconfig)", err)
 		if !errors.Is(err, fs.ErrNotExist) {
 			st, msg = Warn, fmt.Sprintf("cannot read %s: %v", dir, err)
 		}
