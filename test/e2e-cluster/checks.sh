@@ -15,11 +15,14 @@ EXAMPLE_RANGE=192.168.100.0/24
 
 # ------------------------------------------------------------ helpers
 
-# task_pid NS POD CONTAINER prints the host PID of the pod's running container.
-task_pid() {
+# task_pid NS POD CONTAINER prints the host PID of the pod's running
+# container; task_id its containerd ID.
+task_pid() { running_task "$@" 2; }
+task_id() { running_task "$@" 1; }
+running_task() {
 	local ids
 	ids=$(ctr containers ls -q "labels.\"io.kubernetes.pod.namespace\"==$1,labels.\"io.kubernetes.pod.name\"==$2,labels.\"io.kubernetes.container.name\"==$3" | xargs)
-	[[ -n $ids ]] && ctr tasks ls | awk -v ids=" $ids " 'index(ids, " " $1 " ") && $3 == "RUNNING" { print $2 }' | grep .
+	[[ -n $ids ]] && ctr tasks ls | awk -v ids=" $ids " -v f="$4" 'index(ids, " " $1 " ") && $3 == "RUNNING" { print $f }' | grep .
 }
 
 # pod_vfs NS/POD prints the pod's VFs (PodResources List), one a line.
@@ -46,8 +49,14 @@ restarted() { (($(restart_count) > $1)); }
 plugin_log() { cat "$RUN"/pod-logs/"${DS_NS}_${DS}"-*/"$DS"/*.log 2>/dev/null; }
 netlink_on() { plugin_log | grep -q '"msg":"starting"' && ! plugin_log | grep -q 'netlink unavailable'; }
 matches() { [[ $1 =~ $2 ]]; }
+# doctor_cni_ok runs doctor in the plugin's container as kubectl exec
+# would (this kubelet serves no exec): a process of the container's own
+# spec — user, capabilities, environment, mounts — through containerd.
 doctor_cni_ok() {
-	kubectl -n "$DS_NS" exec "ds/$DS" -- rdma-device-plugin doctor -o json >"$RUN/logs/doctor-in-pod.json" 2>"$RUN/logs/doctor-in-pod.err" || true
+	local pod id
+	pod=$(kubectl -n "$DS_NS" get pods -l "app.kubernetes.io/name=$DS" -o jsonpath='{.items[0].metadata.name}')
+	id=$(task_id "$DS_NS" "$pod" "$DS") || return 1
+	ctr tasks exec --exec-id "doctor-$RANDOM" "$id" /usr/bin/rdma-device-plugin doctor -o json >"$RUN/logs/doctor-in-pod.json" || true
 	jq -e '.checks[] | select(.name == "cni" and .status == "ok" and .subject == "/host/opt/cni/bin/sriov")' "$RUN/logs/doctor-in-pod.json" >/dev/null
 }
 ds_ready() {
@@ -110,12 +119,12 @@ EOF
 	require "DaemonSet $DS_NS/$DS Ready on $NODE" 180 ds_ready
 	check "init container installed /opt/cni/bin/sriov (answers CNI VERSION)" \
 		bash -c "CNI_COMMAND=VERSION /opt/cni/bin/sriov </dev/null | jq -e '.supportedVersions | index(\"0.3.1\")'"
-	# doctor in the plugin's pod, as the README runs it (kubectl exec, no
-	# flag): the node's CNI bin_dir is mounted read-only under /host, so it
-	# checks the sriov the init container installed, under the shipped
-	# securityContext. Its exit status says what else it found on the
-	# fixture host; only the cni check counts here.
-	check "kubectl exec … doctor in the plugin's pod: its cni check is ok on /host/opt/cni/bin/sriov" doctor_cni_ok
+	# doctor in the plugin's container, as the README runs it (kubectl
+	# exec, no flag): the node's CNI bin_dir is mounted read-only under
+	# /host, so it checks the sriov the init container installed, under the
+	# shipped securityContext. Its exit status says what else it found on
+	# the fixture host; only the cni check counts here.
+	check "doctor in the plugin's container: its cni check is ok on /host/opt/cni/bin/sriov" doctor_cni_ok
 	require "node allocatable $RESOURCE = $WANT_VFS" 60 allocatable_is "$RESOURCE" "$WANT_VFS"
 	require "node allocatable $SHARED_RESOURCE = $WANT_SHARED" 30 allocatable_is "$SHARED_RESOURCE" "$WANT_SHARED"
 	expect "device plugin registrations with the kubelet ($RESOURCE)" 1 "$(registrations)"
