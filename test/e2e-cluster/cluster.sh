@@ -187,50 +187,10 @@ EOF
 EOF
 }
 
-# start_containerd: as make e2e's (private socket, everything under $RUN but
-# what containerd hard-codes), with Multus' conf dir. Its environment goes
-# to the CNI plugins: FASTPATH_HOST_ROOT points our sriov plugin at the
-# fixture host (the one knob the node side needs).
+# start_containerd: as make e2e's (test/e2e/lib.sh), with Multus' CNI
+# directories, and the pause, fastpath and workload images.
 start_containerd() {
-	mkdir -p "$C"
-	cat >"$C/config.toml" <<EOF
-version = 3
-root = "$C/root"
-state = "$C/state"
-[grpc]
-  address = "$CTRD_SOCK"
-[ttrpc]
-  address = "$CTRD_SOCK.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$C/opt"
-[plugins."io.containerd.nri.v1.nri"]
-  disable = true
-[plugins."io.containerd.cri.v1.images"]
-  snapshotter = "overlayfs"
-  [plugins."io.containerd.cri.v1.images".pinned_images]
-    sandbox = "$PAUSE_IMAGE"
-[plugins."io.containerd.cri.v1.runtime"]
-  # CAP_SYS_RESOURCE is dropped on these machines (see test/e2e/README.md).
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "$(command -v runc)"
-        SystemdCgroup = false
-        Root = "$C/runc"
-  [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["$CNI_BIN"]
-    conf_dir = "$CNI_CONF"
-    max_conf_num = 1
-[plugins."io.containerd.grpc.v1.cri"]
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-EOF
-	start containerd env PATH="$WORK/bin:$PATH" FASTPATH_HOST_ROOT="$HOST" \
-		"$WORK/bin/containerd" --config "$C/config.toml" --log-level info
-	require "containerd answers on its socket" 30 ctr version
+	start_containerd_with "$CNI_BIN" "$CNI_CONF"
 	local img
 	for img in "$WORK/image/pause-oci.tar" "$WORK/fastpath-image/fastpath.tar" "$WORK/workload-image/workload.tar"; do
 		ctr images import --all-platforms "$img" >/dev/null
@@ -240,44 +200,17 @@ EOF
 	expect "images in containerd" 3 "$(ctr images ls -q 'name~=^localhost/fastpath-e2e/' | wc -l)"
 }
 
+# write_kubelet_config: as make e2e's, registered with the API server
+# (start_kubelet's --kubeconfig) instead of running static pods.
 write_kubelet_config() {
 	mkdir -p "$RUN/kubelet" "$RUN/pod-logs"
-	cat >"$RUN/kubelet/config.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-failCgroupV1: false
-cgroupDriver: cgroupfs
-containerRuntimeEndpoint: unix://$CTRD_SOCK
-imageServiceEndpoint: unix://$CTRD_SOCK
-podLogsDir: $RUN/pod-logs
-volumePluginDir: $RUN/volume-plugins
-# No kubelet server (kubectl logs/exec): the test reads containers from the
-# host. /healthz on localhost only.
-enableServer: false
-healthzBindAddress: 127.0.0.1
-healthzPort: $HEALTHZ_PORT
-readOnlyPort: 0
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: false
-authorization:
-  mode: AlwaysAllow
-# Leave the host's iptables alone.
-makeIPTablesUtilChains: false
-failSwapOn: false
-resolvConf: /etc/resolv.conf
+	{
+		kubelet_config "$RUN/pod-logs" "$RUN/volume-plugins"
+		cat <<EOF
 # Device health reaches the Node's allocatable at this period (default 10s).
 nodeStatusUpdateFrequency: 1s
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  imagefs.available: "1%"
-  nodefs.inodesFree: "1%"
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
 EOF
+	} >"$RUN/kubelet/config.yaml"
 }
 
 # start_kubelet [LABEL]: the kubelet registers the Node with the API server.

@@ -205,3 +205,102 @@ on_exit() {
 	summary
 	((FAILED == 0)) || exit 1
 }
+
+# ------------------------------------------------------------- components
+# Both tests run containerd and the kubelet the same way; what differs (the
+# CNI directories, the images, static pods or an API server) is theirs.
+
+# start_containerd_with CNI_BIN_DIR CNI_CONF_DIR runs containerd on a
+# private socket ($CTRD_SOCK) with every directory under $C, except the
+# ones it hard-codes: shim sockets in /run/containerd/s and pod netns in
+# /run/netns/cni-*.
+start_containerd_with() {
+	mkdir -p "$C"
+	cat >"$C/config.toml" <<EOF
+version = 3
+root = "$C/root"
+state = "$C/state"
+[grpc]
+  address = "$CTRD_SOCK"
+[ttrpc]
+  address = "$CTRD_SOCK.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$C/opt"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    # the locally imported pause image; there is no registry to pull from
+    sandbox = "$PAUSE_IMAGE"
+[plugins."io.containerd.cri.v1.runtime"]
+  # Machines here drop CAP_SYS_RESOURCE, so writing the sandbox's
+  # oom_score_adj (-998) fails and runc dies with "can't get final child's
+  # PID from pipe: EOF". This clamps it to containerd's own. Harmless elsewhere.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "$(command -v runc)"
+        SystemdCgroup = false
+        Root = "$C/runc"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$1"]
+    conf_dir = "$2"
+    max_conf_num = 1
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
+	# containerd hands its environment to the CNI plugins it runs: that is
+	# how our sriov plugin reads the fixture's sysfs instead of the host's
+	# (FASTPATH_HOST_ROOT, the one knob the node side needs). It finds
+	# containerd-shim-runc-v2 through PATH.
+	start containerd env PATH="$WORK/bin:$PATH" FASTPATH_HOST_ROOT="$HOST" \
+		"$WORK/bin/containerd" --config "$C/config.toml" --log-level info
+	require "containerd answers on its socket" 30 ctr version
+}
+
+# kubelet_config POD_LOGS_DIR VOLUME_PLUGIN_DIR prints what both tests'
+# KubeletConfiguration has: containerd at $CTRD_SOCK, cgroupfs, no kubelet
+# server (only /healthz on localhost, $HEALTHZ_PORT), the host's iptables
+# left alone, never an eviction. Each test adds its own lines.
+kubelet_config() {
+	cat <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$CTRD_SOCK
+imageServiceEndpoint: unix://$CTRD_SOCK
+podLogsDir: $1
+volumePluginDir: $2
+# No kubelet server (so no kubectl logs/exec): the tests read containers
+# from the host. Only /healthz, on localhost.
+enableServer: false
+healthzBindAddress: 127.0.0.1
+healthzPort: $HEALTHZ_PORT
+readOnlyPort: 0
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+# Leave the host's iptables alone (KUBE-IPTABLES-HINT, KUBE-FIREWALL).
+makeIPTablesUtilChains: false
+failSwapOn: false
+resolvConf: /etc/resolv.conf
+# A test machine's disk may be fuller than the defaults allow; never evict.
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  imagefs.available: "1%"
+  nodefs.inodesFree: "1%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+EOF
+}

@@ -196,97 +196,24 @@ EOF
 
 # ------------------------------------------------------------- components
 
-# start_containerd runs containerd on a private socket with every directory
-# under $RUN, except the ones it hard-codes: shim sockets in
-# /run/containerd/s and pod netns in /run/netns/cni-*.
+# start_containerd: containerd (test/e2e/lib.sh) with the run's own CNI
+# directories, and the pause image.
 start_containerd() {
-	mkdir -p "$C"
-	cat >"$C/config.toml" <<EOF
-version = 3
-root = "$C/root"
-state = "$C/state"
-[grpc]
-  address = "$CTRD_SOCK"
-[ttrpc]
-  address = "$CTRD_SOCK.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$C/opt"
-[plugins."io.containerd.nri.v1.nri"]
-  disable = true
-[plugins."io.containerd.cri.v1.images"]
-  snapshotter = "overlayfs"
-  [plugins."io.containerd.cri.v1.images".pinned_images]
-    # the locally imported pause image; there is no registry to pull from
-    sandbox = "$PAUSE_IMAGE"
-[plugins."io.containerd.cri.v1.runtime"]
-  # Machines here drop CAP_SYS_RESOURCE, so writing the sandbox's
-  # oom_score_adj (-998) fails and runc dies with "can't get final child's
-  # PID from pipe: EOF". This clamps it to containerd's own. Harmless elsewhere.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "$(command -v runc)"
-        SystemdCgroup = false
-        Root = "$C/runc"
-  [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["$RUN/cni/bin"]
-    conf_dir = "$RUN/cni/net.d"
-    max_conf_num = 1
-[plugins."io.containerd.grpc.v1.cri"]
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-EOF
-	# containerd hands its environment to the CNI plugins it runs: that is
-	# how our sriov plugin reads the fixture's sysfs instead of the host's.
-	# It finds containerd-shim-runc-v2 through PATH.
-	start containerd env PATH="$WORK/bin:$PATH" FASTPATH_HOST_ROOT="$HOST" \
-		"$WORK/bin/containerd" --config "$C/config.toml" --log-level info
-	require "containerd answers on its socket" 30 ctr version
+	start_containerd_with "$RUN/cni/bin" "$RUN/cni/net.d"
 	ctr images import --all-platforms "$WORK/image/pause-oci.tar" >/dev/null
 	check "pause image $PAUSE_IMAGE imported" ctr images check "name==$PAUSE_IMAGE"
 }
 
+# write_kubelet_config: no API server; the test's pods are static pods.
 write_kubelet_config() {
 	mkdir -p "$K/root" "$K/manifests" "$K/pod-logs"
-	cat >"$K/config.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
+	{
+		kubelet_config "$K/pod-logs" "$K/volume-plugins"
+		cat <<EOF
 staticPodPath: $K/manifests
 fileCheckFrequency: 2s
-failCgroupV1: false
-cgroupDriver: cgroupfs
-containerRuntimeEndpoint: unix://$CTRD_SOCK
-imageServiceEndpoint: unix://$CTRD_SOCK
-podLogsDir: $K/pod-logs
-volumePluginDir: $K/volume-plugins
-# No API server, no kubelet server: only /healthz on localhost.
-enableServer: false
-healthzBindAddress: 127.0.0.1
-healthzPort: $HEALTHZ_PORT
-readOnlyPort: 0
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: false
-authorization:
-  mode: AlwaysAllow
-# Leave the host's iptables alone (KUBE-IPTABLES-HINT, KUBE-FIREWALL).
-makeIPTablesUtilChains: false
-failSwapOn: false
-resolvConf: /etc/resolv.conf
-# A test machine's disk may be fuller than the defaults allow; never evict.
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  imagefs.available: "1%"
-  nodefs.inodesFree: "1%"
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
 EOF
+	} >"$K/config.yaml"
 }
 
 # start_kubelet [LABEL] starts the kubelet; LABEL tells a restart apart in
