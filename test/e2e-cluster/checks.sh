@@ -52,16 +52,17 @@ matches() { [[ $1 =~ $2 ]]; }
 # doctor_cni_ok runs doctor in the plugin's container as kubectl exec
 # would (this kubelet serves no exec): a process of the container's own
 # spec — user, capabilities, environment, mounts — through containerd.
+sriov_answers_version() { CNI_COMMAND=VERSION /opt/cni/bin/sriov </dev/null | jq_true '.supportedVersions | index("0.3.1") != null'; }
 doctor_cni_ok() {
 	local pod id
 	pod=$(kubectl -n "$DS_NS" get pods -l "app.kubernetes.io/name=$DS" -o jsonpath='{.items[0].metadata.name}')
 	id=$(task_id "$DS_NS" "$pod" "$DS") || return 1
 	ctr tasks exec --exec-id "doctor-$RANDOM" "$id" /usr/bin/rdma-device-plugin doctor -o json >"$RUN/logs/doctor-in-pod.json" || true
-	jq -e '.checks[] | select(.name == "cni" and .status == "ok" and .subject == "/host/opt/cni/bin/sriov")' "$RUN/logs/doctor-in-pod.json" >/dev/null
+	jq_true 'any(.checks[]; .name == "cni" and .status == "ok" and .subject == "/host/opt/cni/bin/sriov")' <"$RUN/logs/doctor-in-pod.json"
 }
 ds_ready() {
 	kubectl -n "$DS_NS" get ds "$DS" -o json |
-		jq -e '.status.desiredNumberScheduled == 1 and .status.numberReady == 1 and .status.updatedNumberScheduled == 1' >/dev/null
+		jq_true '.status.desiredNumberScheduled == 1 and .status.numberReady == 1 and .status.updatedNumberScheduled == 1'
 }
 
 # write_overlay DIR RESOURCES... writes DIR/kustomization.yaml listing the
@@ -93,7 +94,7 @@ test_deploy() {
 		jq -s -c --arg h "$HOST" '[.[] | select(.kind == "DaemonSet") | .spec.template.spec.volumes[]
 			| select(.hostPath.path // "" | test("^/(sys|dev)(/|$)")) | {name, hostPath: {path: ($h + .hostPath.path)}}]')
 	check "the DaemonSet mounts the node's sysfs and devices ($host_volumes)" \
-		jq -e 'map(.hostPath.path) | any(endswith("/sys")) and any(test("/dev(/infiniband)?$"))' <<<"$host_volumes"
+		jq_true 'map(.hostPath.path) | any(endswith("/sys")) and any(test("/dev(/infiniband)?$"))' <<<"$host_volumes"
 	write_overlay "$RUN/deploy" "$(realpath --relative-to="$RUN/deploy" "$REPO/deployments")" <<EOF
 images:
   - name: ghcr.io/fastpath-k8s/fastpath
@@ -117,8 +118,7 @@ EOF
 	kubectl label node "$NODE" "$NFD_LABEL=true" >/dev/null
 	check "kubectl apply -k of the overlay" kubectl apply -k "$RUN/deploy"
 	require "DaemonSet $DS_NS/$DS Ready on $NODE" 180 ds_ready
-	check "init container installed /opt/cni/bin/sriov (answers CNI VERSION)" \
-		bash -c "CNI_COMMAND=VERSION /opt/cni/bin/sriov </dev/null | jq -e '.supportedVersions | index(\"0.3.1\")'"
+	check "init container installed /opt/cni/bin/sriov (answers CNI VERSION)" sriov_answers_version
 	# doctor in the plugin's container, as the README runs it (kubectl
 	# exec, no flag): the node's CNI bin_dir is mounted read-only under
 	# /host, so it checks the sriov the init container installed, under the
@@ -160,7 +160,7 @@ check_pod() {
 		addr=$(in_pod "$POD_PID" ip -4 -br addr show "$ifname" 2>/dev/null | awk '{ print $3 }')
 		check "$pod: $ifname has a whereabouts address in $range ($addr)" matches "$addr" "^${prefix//./\\.}\\.[0-9]+/"
 		check "$pod: network-status has $ns/$nad on $ifname with device-info pci-address $vf" \
-			jq -e --arg i "$ifname" --arg n "$ns/$nad" --arg a "$vf" --arg ip "${addr%/*}" \
+			jq_true --arg i "$ifname" --arg n "$ns/$nad" --arg a "$vf" --arg ip "${addr%/*}" \
 			'any(.[]; .interface == $i and .name == $n and .["device-info"].type == "pci" and .["device-info"].pci["pci-address"] == $a and (.ips | index($ip)))' <<<"$status"
 		want_devs+=" $(vf_field "$vf" 'charDevices[]' | xargs -n1 basename | xargs)"
 	done

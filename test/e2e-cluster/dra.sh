@@ -44,7 +44,7 @@ claim_device() {
 		jq -r --arg d "$3" '[.status.allocation.devices.results[]? | select(.driver == $d) | .device] | join(",")'
 }
 # claim_unallocated NS CLAIM: the claim exists and has no allocation.
-claim_unallocated() { kubectl -n "$1" get resourceclaim "$2" -o json | jq -e '.status.allocation == null' >/dev/null; }
+claim_unallocated() { kubectl -n "$1" get resourceclaim "$2" -o json | jq_true '.status.allocation == null'; }
 # pod_claim NS POD prints the name of the ResourceClaim made for the pod's first claim.
 pod_claim() { kubectl -n "$1" get pod "$2" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
 claim_uid() { kubectl -n "$1" get resourceclaim "$2" -o jsonpath='{.metadata.uid}'; }
@@ -81,7 +81,7 @@ no_slices() {
 }
 pod_pending_unschedulable() {
 	[[ $(pod_phase "$1" "$2") == Pending ]] &&
-		kubectl -n "$1" get pod "$2" -o json | jq -e '.status.conditions[]? | select(.type == "PodScheduled" and .status == "False" and .reason == "Unschedulable")' >/dev/null
+		kubectl -n "$1" get pod "$2" -o json | jq_true 'any(.status.conditions[]?; .type == "PodScheduled" and .status == "False" and .reason == "Unschedulable")'
 }
 plugin_log_has() { plugin_log | grep -qF "$1"; }
 no_dra_pods() { [[ -z $(kubectl -n default get pods -o name) ]]; }
@@ -124,7 +124,7 @@ dra_pods() {
 }
 # claim_released NS CLAIM: allocated to nothing, reserved for no pod.
 claim_released() {
-	kubectl -n "$1" get resourceclaim "$2" -o json | jq -e '.status.allocation == null and (.status.reservedFor // [] | length) == 0' >/dev/null
+	kubectl -n "$1" get resourceclaim "$2" -o json | jq_true '.status.allocation == null and (.status.reservedFor // [] | length) == 0'
 }
 claim_gone() { ! kubectl -n "$1" get resourceclaim "$2" >/dev/null 2>&1; }
 
@@ -152,7 +152,7 @@ dra_check_pod() {
 	check "$pod: $ifname has a whereabouts address in $range ($addr)" matches "$addr" "^${prefix//./\\.}\\.[0-9]+/"
 	status=$(kubectl -n "$ns" get pod "$pod" -o json | jq -r '.metadata.annotations["k8s.v1.cni.cncf.io/network-status"] // "[]"')
 	check "$pod: network-status has $ns/$nad on $ifname with device-info pci-address $vf" \
-		jq -e --arg i "$ifname" --arg n "$ns/$nad" --arg a "$vf" \
+		jq_true --arg i "$ifname" --arg n "$ns/$nad" --arg a "$vf" \
 		'any(.[]; .interface == $i and .name == $n and .["device-info"].pci["pci-address"] == $a)' <<<"$status"
 }
 

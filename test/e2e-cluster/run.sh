@@ -35,6 +35,14 @@ KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_
 # when they were not there before.
 HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/netns /usr/libexec/kubernetes
 	/opt/cni /etc/cni /run/k8s.cni.cncf.io /var/lib/cni /var/lib/cni/results /var/lib/cni/sriov /var/run/cdi)
+# HOST_FILES are what the run writes into host directories that may have
+# been there before it (a workstation with CNI plugins installed): the
+# DaemonSet's init container installs sriov, and whereabouts reads its
+# kubeconfig's path from the flat file. preflight refuses to start when one
+# is there; cleanup removes them, and the directory each is in when the run
+# made it, also when the directories above were there before (the
+# HOST_PATHS cleanup leaves those alone).
+HOST_FILES=(/opt/cni/bin/sriov /etc/cni/net.d/whereabouts.d/whereabouts.conf)
 
 # ---------------------------------------------------------------- preflight
 
@@ -75,6 +83,21 @@ snapshot_host() {
 	iptables_rules >"$RUN/before/iptables"
 	cni_cache >"$RUN/before/cni-cache"
 	sysctl_get net.ipv4.ip_forward >"$RUN/before/ip_forward"
+	host_files >"$RUN/before/files"
+	local f
+	for f in "${HOST_FILES[@]}"; do
+		if [[ -d $(dirname "$f") ]]; then dirname "$f"; fi
+	done >"$RUN/before/file-dirs"
+}
+
+# host_files prints each of HOST_FILES that is there, with its content's
+# SHA-256.
+host_files() {
+	local f
+	for f in "${HOST_FILES[@]}"; do
+		[[ -e $f ]] && echo "$f $(sha256sum <"$f" | cut -d' ' -f1)"
+	done
+	return 0
 }
 
 sysctl_get() { cat "/proc/sys/${1//.//}"; }
@@ -211,6 +234,12 @@ cleanup() {
 	fi
 	ip link del "$POD_BRIDGE" 2>/dev/null
 	find /var/log/containers -maxdepth 1 -lname "$WORK/*" -delete 2>/dev/null
+	if [[ -f $before/files ]]; then
+		for p in "${HOST_FILES[@]}"; do
+			rm -f "$p"
+			grep -qxF "$(dirname "$p")" "$before/file-dirs" || rmdir "$(dirname "$p")" 2>/dev/null
+		done
+	fi
 	if [[ -f $before/paths ]]; then
 		for p in "${HOST_PATHS[@]}"; do
 			grep -qxF "$p" "$before/paths" && continue
@@ -248,6 +277,7 @@ check_restored() {
 	same "no mounts left under $WORK or $K" /dev/null host_mounts
 	same "cgroups (kubepods) as before" "$before/cgroups" host_cgroups
 	same "${HOST_PATHS[*]}: as before" "$before/paths" host_paths
+	same "${HOST_FILES[*]}: gone, as before" "$before/files" host_files
 	same "sysctls the kubelet sets are back" "$before/sysctls" host_sysctls
 	same "CNI result cache (/var/lib/cni/results) as before: every DEL succeeded" "$before/cni-cache" cni_cache
 	same "iptables rules as before (no masquerade, no kube chains)" "$before/iptables" iptables_rules

@@ -206,6 +206,17 @@ on_exit() {
 	((FAILED == 0)) || exit 1
 }
 
+# jq_true ARGS... is jq -e ARGS on standard input, and false when there is
+# no input at all: jq 1.6 (Debian 12's) exits 0 on empty input even with
+# -e, so a check on the output of a command that failed and printed
+# nothing would pass.
+jq_true() {
+	local in
+	in=$(cat)
+	[[ -n ${in//[[:space:]]/} ]] || return 1
+	jq -e "$@" >/dev/null <<<"$in"
+}
+
 # ------------------------------------------------------------- components
 # Both tests run containerd and the kubelet the same way; what differs (the
 # CNI directories, the images, static pods or an API server) is theirs.
