@@ -501,10 +501,10 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	// The node's CNI bin_dir, read-only under --host-root too: doctor's
 	// default there (FASTPATH_HOST_ROOT/opt/cni/bin); the same volume the
 	// init container installs into.
-	requireUnderHostRoot(t, spec, c, flags["host-root"], "/opt/cni/bin")
-	_, cniVol := mountFor(t, spec, c, path.Join(flags["host-root"], "/opt/cni/bin"))
+	requireUnderHostRoot(t, spec, c, flags["host-root"], hostCNIBinDir)
+	_, cniVol := mountFor(t, spec, c, path.Join(flags["host-root"], hostCNIBinDir))
 	require.Len(t, spec.InitContainers, 1)
-	initMount, _ := mountFor(t, spec, &spec.InitContainers[0], "/host/opt/cni/bin")
+	initMount, _ := mountFor(t, spec, &spec.InitContainers[0], "/host"+hostCNIBinDir)
 	require.Equal(t, cniVol.Name, initMount.Name, "the plugin reads the bin_dir the init container writes")
 	// Not the CNI conf_dir: it holds Multus's kubeconfig.
 	for _, vm := range c.VolumeMounts {

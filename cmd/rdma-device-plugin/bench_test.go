@@ -125,14 +125,15 @@ func BenchmarkDaemonStart(b *testing.B) {
 		{"host=vfs1024/floor", largeHost, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
+			host := ""
+			if tc.host != nil {
+				host = tc.host(b)
+			}
 			var d *daemon
-			switch {
-			case tc.floor && tc.host == nil:
-				d = startRegFloor(b, "")
-			case tc.floor:
-				d = startRegFloor(b, tc.host(b))
-			default:
-				d = startDaemonWith(b, daemonOpts{host: tc.host(b), config: config("combined.json"), hostNetns: true})
+			if tc.floor {
+				d = startRegFloor(b, host)
+			} else {
+				d = startDaemonWith(b, daemonOpts{host: host, config: config("combined.json"), hostNetns: true})
 			}
 			d.registrations(soakPools...)
 			d.stop()

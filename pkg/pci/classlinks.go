@@ -28,9 +28,6 @@ type ClassLinks struct {
 	dirs   []string   // when read with dirs: owners[i]'s directory
 }
 
-// Len is the number of functions with entries.
-func (c ClassLinks) Len() int { return len(c.owners) }
-
 // Of returns the entries below the function at addr.
 func (c ClassLinks) Of(addr string) []string {
 	if i, ok := c.find(addr); ok {

@@ -107,7 +107,7 @@ func newTestEnv(t testing.TB, root, config string) *testEnv {
 	for _, d := range []string{e.pluginDir, e.registryDir} {
 		require.NoError(t, os.MkdirAll(d, 0o750))
 	}
-	e.nameGenerated()
+	e.apiServerWrites()
 	return e
 }
 
@@ -118,10 +118,10 @@ func newTestEnv(t testing.TB, root, config string) *testEnv {
 // ResourceSlice controller, not the fake. Call it before start.
 func (e *testEnv) simpleAPI() {
 	e.client = fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, UID: "node-a-uid"}})
-	e.nameGenerated()
+	e.apiServerWrites()
 }
 
-// nameGenerated makes the fake API server fill in on a write what the
+// apiServerWrites makes the fake API server fill in on a write what the
 // real one does: the name of an object created with generateName (the
 // ResourceSlice controller creates its slices so) and a resourceVersion
 // that grows with every create and update. The fake keeps versions to
@@ -129,7 +129,7 @@ func (e *testEnv) simpleAPI() {
 // cannot tell its own last update from an older copy its informer still
 // holds, takes the older one, and skips a publish that matches it — the
 // change then reaches the fake only after the controller's 30 s resync.
-func (e *testEnv) nameGenerated() {
+func (e *testEnv) apiServerWrites() {
 	var seq, version atomic.Int64
 	e.client.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if o, ok := a.(k8stesting.CreateAction).GetObject().(metav1.Object); ok {
