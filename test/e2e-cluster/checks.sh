@@ -49,10 +49,10 @@ restarted() { (($(restart_count) > $1)); }
 plugin_log() { cat "$RUN"/pod-logs/"${DS_NS}_${DS}"-*/"$DS"/*.log 2>/dev/null; }
 netlink_on() { plugin_log | grep -q '"msg":"starting"' && ! plugin_log | grep -q 'netlink unavailable'; }
 matches() { [[ $1 =~ $2 ]]; }
+sriov_answers_version() { CNI_COMMAND=VERSION /opt/cni/bin/sriov </dev/null | jq_true '.supportedVersions | index("0.3.1") != null'; }
 # doctor_cni_ok runs doctor in the plugin's container as kubectl exec
 # would (this kubelet serves no exec): a process of the container's own
 # spec — user, capabilities, environment, mounts — through containerd.
-sriov_answers_version() { CNI_COMMAND=VERSION /opt/cni/bin/sriov </dev/null | jq_true '.supportedVersions | index("0.3.1") != null'; }
 doctor_cni_ok() {
 	local pod id
 	pod=$(kubectl -n "$DS_NS" get pods -l "app.kubernetes.io/name=$DS" -o jsonpath='{.items[0].metadata.name}')

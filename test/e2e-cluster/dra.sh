@@ -24,11 +24,18 @@ STUCK_CLAIM=unalignable
 
 # ------------------------------------------------------------ helpers
 
+# node_slices DRIVER prints the node's ResourceSlices of DRIVER, one JSON
+# a line; it fails when the API server does not answer (an unanswered list
+# is not an empty one).
+node_slices() {
+	local json
+	json=$(kubectl get resourceslices -o json) || return 1
+	jq -c --arg d "$1" --arg n "$NODE" '.items[] | select(.spec.driver == $d and .spec.nodeName == $n)' <<<"$json"
+}
 # slice_devices DRIVER prints the node's published devices of DRIVER as JSON
 # lines {name, attrs, taints}; attribute values flattened to strings.
 slice_devices() {
-	kubectl get resourceslices -o json | jq -c --arg d "$1" --arg n "$NODE" '.items[]
-		| select(.spec.driver == $d and .spec.nodeName == $n) | .spec.devices[]?
+	node_slices "$1" | jq -c '.spec.devices[]?
 		| {name, taints: ([.taints[]?.value] | join(",")),
 		   attrs: ((.attributes // {}) | with_entries(.value |= (.string // .int // .bool | tostring)))}'
 }
@@ -73,11 +80,11 @@ no_cdi_specs() { [[ -z $("$1") ]]; }
 # no_path PATH: PATH (a socket, a file) is gone.
 no_path() { [[ ! -e $1 ]]; }
 # no_slices DRIVER: the API server answers and lists no ResourceSlice of
-# DRIVER for the node (an unanswered list is not an empty one).
+# DRIVER for the node.
 no_slices() {
-	local json
-	json=$(kubectl get resourceslices -o json) || return 1
-	[[ $(jq --arg d "$1" --arg n "$NODE" '[.items[] | select(.spec.driver == $d and .spec.nodeName == $n)] | length' <<<"$json") == 0 ]]
+	local slices
+	slices=$(node_slices "$1") || return 1
+	[[ -z $slices ]]
 }
 pod_pending_unschedulable() {
 	[[ $(pod_phase "$1" "$2") == Pending ]] &&
