@@ -43,6 +43,12 @@ HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /
 # made it, also when the directories above were there before (the
 # HOST_PATHS cleanup leaves those alone).
 HOST_FILES=(/opt/cni/bin/sriov /etc/cni/net.d/whereabouts.d/whereabouts.conf)
+# CDI_SPECS are the names of the CDI specs the run's drivers write into
+# $CDI_DIR: the DRA driver's and the stand-in GPU driver's claim specs, the
+# device plugin's pool specs (components/cdi). A run stopped before its
+# claims are unprepared leaves some, in a $CDI_DIR that may have been there
+# before it; cleanup removes the ones that were not there at the start.
+CDI_SPECS=("$DRA_DRIVER-*.json" "$GPU_DRIVER-*.json" "fastpath-*.json")
 
 # ---------------------------------------------------------------- preflight
 
@@ -84,6 +90,7 @@ snapshot_host() {
 	cni_cache >"$RUN/before/cni-cache"
 	sysctl_get net.ipv4.ip_forward >"$RUN/before/ip_forward"
 	host_files >"$RUN/before/files"
+	cdi_specs >"$RUN/before/cdi-specs"
 	local f
 	for f in "${HOST_FILES[@]}"; do
 		if [[ -d $(dirname "$f") ]]; then dirname "$f"; fi
@@ -98,6 +105,14 @@ host_files() {
 		[[ -e $f ]] && echo "$f"
 	done
 	return 0
+}
+
+# cdi_specs prints the paths of the specs in $CDI_DIR named as CDI_SPECS.
+cdi_specs() {
+	local p
+	for p in "${CDI_SPECS[@]}"; do
+		find "$CDI_DIR" -maxdepth 1 -name "$p" 2>/dev/null
+	done | sort
 }
 
 sysctl_get() { cat "/proc/sys/${1//.//}"; }
@@ -240,6 +255,11 @@ cleanup() {
 			grep -qxF "$(dirname "$p")" "$before/file-dirs" || rmdir "$(dirname "$p")" 2>/dev/null
 		done
 	fi
+	if [[ -f $before/cdi-specs ]]; then
+		for p in $(comm -13 "$before/cdi-specs" <(cdi_specs)); do
+			rm -f "$p" && log "removed leftover CDI spec $p"
+		done
+	fi
 	if [[ -f $before/paths ]]; then
 		for p in "${HOST_PATHS[@]}"; do
 			grep -qxF "$p" "$before/paths" && continue
@@ -278,6 +298,7 @@ check_restored() {
 	same "cgroups (kubepods) as before" "$before/cgroups" host_cgroups
 	same "${HOST_PATHS[*]}: as before" "$before/paths" host_paths
 	same "${HOST_FILES[*]}: gone, as before" "$before/files" host_files
+	same "CDI specs of the run's drivers in $CDI_DIR as before" "$before/cdi-specs" cdi_specs
 	same "sysctls the kubelet sets are back" "$before/sysctls" host_sysctls
 	same "CNI result cache (/var/lib/cni/results) as before: every DEL succeeded" "$before/cni-cache" cni_cache
 	same "iptables rules as before (no masquerade, no kube chains)" "$before/iptables" iptables_rules
