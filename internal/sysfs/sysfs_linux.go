@@ -172,14 +172,13 @@ func (d Dir) list(name string, getdents func(fd int, buf []byte) (int, error)) (
 		return nil, d.err("open", name, err)
 	}
 	defer unix.Close(fd)
-	var names []string
-	buf := dirents.Get().(*[32 << 10]byte)
-	defer dirents.Put(buf)
+	scratch := dirents.Get().(*listScratch)
+	defer scratch.put()
 	// Only getdents returning 0 says the directory is exhausted: a local
 	// file system fills the buffer while entries fit, but Linux does not
 	// promise it, and FUSE and virtiofs answer a page at a time.
 	for {
-		n, err := getdents(fd, buf[:])
+		n, err := getdents(fd, scratch.buf[:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -189,15 +188,33 @@ func (d Dir) list(name string, getdents func(fd int, buf []byte) (int, error)) (
 		if n <= 0 {
 			break
 		}
-		names = appendNames(names, buf[:n])
+		scratch.names = appendNames(scratch.names, scratch.buf[:n])
 	}
+	if len(scratch.names) == 0 {
+		return nil, nil
+	}
+	names := slices.Clone(scratch.names)
 	slices.Sort(names)
 	return names, nil
 }
 
-// dirents are getdents buffers, reused: a scan lists a handful of large
-// directories, each time.
-var dirents = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+// listScratch is a listing's getdents buffer and the names it has decoded
+// so far, reused: a scan lists a handful of large directories each time,
+// and a listing in several pieces would otherwise grow its names slice
+// piece by piece, to twice its size. The caller gets an exact copy.
+type listScratch struct {
+	buf   [32 << 10]byte
+	names []string
+}
+
+var dirents = sync.Pool{New: func() any { return new(listScratch) }}
+
+// put returns s to the pool without the strings it points to.
+func (s *listScratch) put() {
+	clear(s.names)
+	s.names = s.names[:0]
+	dirents.Put(s)
+}
 
 // appendNames decodes linux_dirent64 records, skipping "." and "..". The
 // names of one buffer share one string (two allocations, not one per

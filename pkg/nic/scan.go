@@ -85,35 +85,27 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		idx, idxErr = s.rdma.ScanIndex(2 * runtime.GOMAXPROCS(0))
 		wg.Wait()
 	}()
-	var mu sync.Mutex // guards rdmaOf and pfs
-	rdmaOf := map[string][]rdma.Device{}
-	pfs := map[string]sriov.PF{}
-	fns, err := s.pci.ScanEach(isMellanox, func(f *pci.Function, dir pci.Dir) error {
+	fns, read, err := pci.ScanWith(s.pci, isMellanox, func(f *pci.Function, dir pci.Dir) (visited, error) {
+		var v visited
 		if !f.IsNIC() {
-			return nil
+			return v, nil
 		}
 		if !f.IsVF() {
-			if pf, ok := sriov.ReadPF(dir); ok {
-				mu.Lock()
-				pfs[f.Address] = pf
-				mu.Unlock()
-			}
+			v.sriov, _ = sriov.ReadPF(dir)
 		}
 		if f.Driver == "" || f.Driver == pci.DriverVFIO {
-			return nil
+			return v, nil
 		}
 		<-indexed
 		if idxErr != nil {
-			return idxErr
+			return v, idxErr
 		}
 		devs, err := s.rdma.DevicesForScan(dir, f.Address, idx)
 		if err != nil {
-			return fmt.Errorf("pci %s: %w", f.Address, err)
+			return v, fmt.Errorf("pci %s: %w", f.Address, err)
 		}
-		mu.Lock()
-		rdmaOf[f.Address] = devs
-		mu.Unlock()
-		return nil
+		v.rdma = devs
+		return v, nil
 	})
 	<-indexed
 	if err != nil {
@@ -130,7 +122,6 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	if nodes.Has(rdma.RDMACMPath) {
 		snap.RDMACM = rdma.RDMACMPath
 	}
-	vfs := sriov.IndexVFs(pfs)
 	var class map[string][]rdma.CharDevice
 	hasRDMA := false
 	for i := range fns {
@@ -143,10 +134,10 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		if f.IsVF() {
 			if j, ok := pci.Find(fns, f.PhysFn); ok {
 				pf = &fns[j]
+				vfIndex = read[j].vfIndex(f.Address)
 			}
-			vfIndex = vfs.Index(f.PhysFn, f.Address)
 		}
-		devs := rdmaOf[f.Address]
+		devs := read[i].rdma
 		if len(devs) > 0 && len(devs[0].CharDevices) == 0 {
 			if class == nil {
 				if class, err = s.rdma.ClassCharDevices(); err != nil {
@@ -155,7 +146,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 			}
 			devs[0].CharDevices = class[devs[0].Name]
 		}
-		d, warns := s.device(f, pf, pfs[f.Address], vfIndex, devs, nodes, models)
+		d, warns := s.device(f, pf, read[i].sriov, vfIndex, devs, nodes, models)
 		snap.Devices = append(snap.Devices, d)
 		snap.Warnings = append(snap.Warnings, warns...)
 		hasRDMA = hasRDMA || d.RDMADevice != ""
@@ -164,6 +155,32 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		snap.Warnings = append(snap.Warnings, fmt.Sprintf("%s missing (is rdma_ucm loaded?)", rdma.RDMACMPath))
 	}
 	return snap, nil
+}
+
+// visited is what a scan's workers read below one function besides what
+// pkg/pci reads: a PF's SR-IOV capability and the function's RDMA devices.
+type visited struct {
+	sriov sriov.PF
+	rdma  []rdma.Device
+	// next is where, in sriov.VFs, the join looks first for the PF's
+	// next VF.
+	next int
+}
+
+// vfIndex is the index of the VF at addr under v's PF (-1 when it does
+// not list it). The join asks in address order, and a PF's VFs are in
+// address order by index (SR-IOV gives VF i the routing ID First VF
+// Offset + i * VF Stride past the PF's), so the VF after the last one
+// found is tried before the PF's whole list.
+func (v *visited) vfIndex(addr string) int {
+	i := v.next
+	if i >= len(v.sriov.VFs) || v.sriov.VFs[i] != addr {
+		if i = v.sriov.Index(addr); i < 0 {
+			return -1
+		}
+	}
+	v.next = i + 1
+	return i
 }
 
 // Device reads the one function at addr (a PF or VF), without scanning the

@@ -191,6 +191,35 @@ func TestVFIndexes(t *testing.T) {
 	check(-1)
 }
 
+// A PF whose virtfnN links do not name its VFs in address order (the
+// scan's join tries the next VF in order first): each VF still gets the
+// N of the link that names it.
+func TestVFIndexesOutOfAddressOrder(t *testing.T) {
+	r := t.TempDir()
+	require.NoError(t, fixture.Generate(r, 1, 3))
+	pf := fixture.PCIAddress(0, 0x10, 0, 0)
+	dir := filepath.Join(r, "sys/bus/pci/devices", pf)
+	link0, err := os.Readlink(filepath.Join(dir, "virtfn0"))
+	require.NoError(t, err)
+	link2, err := os.Readlink(filepath.Join(dir, "virtfn2"))
+	require.NoError(t, err)
+	for n, target := range map[string]string{"virtfn0": link2, "virtfn2": link0} {
+		require.NoError(t, os.Remove(filepath.Join(dir, n)))
+		require.NoError(t, os.Symlink(target, filepath.Join(dir, n)))
+	}
+	sc := nic.NewScanner(r)
+	s, err := sc.Scan()
+	require.NoError(t, err)
+	require.Empty(t, s.Warnings)
+	for vf, want := range []int{2, 1, 0} {
+		addr := fixture.VFAddress(0x10, vf)
+		require.Equal(t, want, dev(t, s, addr).VFIndex, addr)
+		one, err := sc.Device(addr)
+		require.NoError(t, err)
+		require.Equal(t, want, one.VFIndex, addr)
+	}
+}
+
 // A VF whose PF the scan does not find (its bus entry gone mid-change) is
 // listed with a warning that names the PF.
 func TestVFWithoutItsPF(t *testing.T) {

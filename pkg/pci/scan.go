@@ -16,7 +16,8 @@ import (
 // Scan returns every function whose vendor keep accepts (nil keeps all),
 // sorted by address. VFs take their PF's NUMA node.
 func (s *Scanner) Scan(keep func(vendor string) bool) ([]Function, error) {
-	return s.ScanEach(keep, nil)
+	fns, _, err := ScanWith[struct{}](s, keep, nil)
+	return fns, err
 }
 
 // Dir reads below one function's sysfs directory while a scan has it
@@ -41,19 +42,22 @@ var (
 
 // Visitor is called for each kept function while its sysfs directory is
 // open, from parallel workers: it may read more below dir but must not
-// keep it.
-type Visitor func(f *Function, dir Dir) error
+// keep it. What it returns for f is handed back beside f.
+type Visitor[T any] func(f *Function, dir Dir) (T, error)
 
-// ScanEach is Scan calling visit (when not nil) for each kept function.
+// ScanWith is Scan calling visit (when not nil) for each kept function.
+// The second result holds what visit returned for each function, at the
+// function's index in the first: a caller joins per-function reads by
+// index, without a map or a lock shared by the workers.
 //
 // A node scan is the hot path of discovery (thousands of VFs, every
 // periodic update), so it reads each function with as few system calls as
 // the kernel's layout allows (see scanOne) and allocates little: the
 // garbage of a scan costs a 2-CPU node as much as a tenth of its reads.
-func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Function, error) {
+func ScanWith[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]) ([]Function, []T, error) {
 	bus, err := sysfs.Open(s.devicesDir())
 	if err != nil {
-		return nil, fmt.Errorf("list pci devices: %w", err)
+		return nil, nil, fmt.Errorf("list pci devices: %w", err)
 	}
 	defer bus.Close()
 	// The bus listing and the class net links overlap: each is a long
@@ -68,10 +72,10 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 	entries, err := bus.List(".")
 	<-listed
 	if err != nil {
-		return nil, fmt.Errorf("list pci devices: %w", err)
+		return nil, nil, fmt.Errorf("list pci devices: %w", err)
 	}
 	if netErr != nil {
-		return nil, netErr
+		return nil, nil, netErr
 	}
 	addrs := entries[:0]
 	for _, e := range entries {
@@ -82,6 +86,14 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 	fns := make([]Function, len(addrs))
 	kept := make([]bool, len(addrs))
 	errs := make([]error, len(addrs))
+	vals := make([]T, len(addrs))
+	var v func(i int, f *Function, dir Dir) error
+	if visit != nil {
+		v = func(i int, f *Function, dir Dir) (err error) {
+			vals[i], err = visit(f, dir)
+			return err
+		}
+	}
 	var wg sync.WaitGroup
 	// Workers take contiguous chunks: VFs of one PF sit next to each
 	// other below the same parent directory, which each worker opens
@@ -90,16 +102,16 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 	for lo := 0; lo < len(addrs); lo += chunk {
 		hi := min(lo+chunk, len(addrs))
 		wg.Go(func() {
-			w := newWorker(s, bus, keep, visit, netdevs)
+			w := newWorker(s, bus, keep, v, netdevs)
 			defer w.close()
 			for i := lo; i < hi; i++ {
-				kept[i], errs[i] = w.scanOne(&fns[i], addrs[i])
+				kept[i], errs[i] = w.scanOne(i, &fns[i], addrs[i])
 			}
 		})
 	}
 	wg.Wait()
 
-	out := fns[:0] // sorted by address, as the listing is
+	n := 0 // kept so far: fns[:n], sorted by address as the listing is
 	for i := range fns {
 		if errs[i] != nil {
 			// A function that vanished mid-scan (hot unplug, VFs being
@@ -107,14 +119,17 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 			if errors.Is(errs[i], fs.ErrNotExist) {
 				continue
 			}
-			return nil, errs[i]
+			return nil, nil, errs[i]
 		}
 		if !kept[i] {
 			continue
 		}
-		out = append(out, fns[i]) // in place: len(out) <= i
+		fns[n], vals[n] = fns[i], vals[i] // in place: n <= i
+		n++
 	}
-	clear(fns[len(out):])
+	clear(fns[n:])
+	clear(vals[n:])
+	out, vals := fns[:n], vals[:n]
 	for i := range out {
 		f := &out[i]
 		if f.numaRead {
@@ -132,7 +147,7 @@ func (s *Scanner) ScanEach(keep func(vendor string) bool, visit Visitor) ([]Func
 			f.NUMANode = n
 		}
 	}
-	return out, nil
+	return out, vals, nil
 }
 
 // Find returns the index of the function at addr in fns, sorted by
@@ -191,10 +206,11 @@ func cleanRelative(p []byte) bool {
 // open and what it has worked out about them, and the strings it has
 // already made (IDs and drivers repeat on every VF).
 type worker struct {
-	s       *Scanner
-	bus     sysfs.Dir
-	keep    func(string) bool
-	visit   Visitor
+	s    *Scanner
+	bus  sysfs.Dir
+	keep func(string) bool
+	// visit is called with f's index in the bus listing.
+	visit   func(i int, f *Function, dir Dir) error
 	netdevs ClassLinks // with the owners' directories
 	parents map[string]*parentDir
 	strs    interned
@@ -211,7 +227,7 @@ type parentDir struct {
 	pcieRoot string
 }
 
-func newWorker(s *Scanner, bus sysfs.Dir, keep func(string) bool, visit Visitor, netdevs ClassLinks) *worker {
+func newWorker(s *Scanner, bus sysfs.Dir, keep func(string) bool, visit func(int, *Function, Dir) error, netdevs ClassLinks) *worker {
 	return &worker{s: s, bus: bus, keep: keep, visit: visit, netdevs: netdevs,
 		parents: map[string]*parentDir{}, strs: interned{}}
 }
@@ -242,14 +258,14 @@ func (w *worker) parent(path string) (*parentDir, error) {
 // rejects its vendor. It finds the function's directory, then reads
 // uevent from the function's parent directory, so a function of another
 // vendor costs a readlink and one file. A VF (it has a physfn link) reads
-// nothing more of its own: ScanEach gives it its PF's NUMA node. Netdevs
+// nothing more of its own: ScanWith gives it its PF's NUMA node. Netdevs
 // come from the class links; the IOMMU group is read only for vfio-pci.
 //
 // The directory of a function with a netdev is where its netdev's class
 // link says (checked as a bus link is: inside <sys>/devices, ending in the
 // address), which spares the readlink of its bus link; another function's
 // comes from its bus link.
-func (w *worker) scanOne(f *Function, addr string) (bool, error) {
+func (w *worker) scanOne(i int, f *Function, addr string) (bool, error) {
 	netdevs, path := w.netdevs.entries(addr)
 	if path != "" {
 		*f = Function{Address: addr, NUMANode: -1, SysfsPath: path}
@@ -291,7 +307,7 @@ func (w *worker) scanOne(f *Function, addr string) (bool, error) {
 	readNetdevs(f, at, netdevs)
 	if w.visit != nil {
 		w.at = at
-		if err := w.visit(f, &w.at); err != nil {
+		if err := w.visit(i, f, &w.at); err != nil {
 			return false, err
 		}
 	}

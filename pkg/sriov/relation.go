@@ -107,40 +107,6 @@ func (p *PF) Index(addr string) int {
 	return -1
 }
 
-// Indexes are the VFs that a set of PFs list, by address, with the PF
-// listing each and its index there.
-type Indexes map[string]VF
-
-// VF is a VF's place under its PF.
-type VF struct {
-	PF    string // the PF's address
-	Index int    // N of the PF's virtfnN link
-}
-
-// IndexVFs indexes the VFs that pfs (by PF address) list.
-func IndexVFs(pfs map[string]PF) Indexes {
-	n := 0
-	for _, p := range pfs {
-		n += len(p.VFs)
-	}
-	idx := make(Indexes, n)
-	for addr, p := range pfs {
-		for i, vf := range p.VFs {
-			idx[vf] = VF{PF: addr, Index: i}
-		}
-	}
-	return idx
-}
-
-// Index is the index of vf under the PF at pf, -1 when that PF does not
-// list it.
-func (x Indexes) Index(pf, vf string) int {
-	if v, ok := x[vf]; ok && v.PF == pf {
-		return v.Index
-	}
-	return -1
-}
-
 func atoi(d Attrs, name string) (int, error) {
 	b, err := d.Read(name)
 	if err != nil {

@@ -49,14 +49,6 @@ func TestIndex(t *testing.T) {
 	require.Equal(t, 0, p.Index("0000:86:00.1"))
 	require.Equal(t, 3, p.Index("0000:86:00.4"))
 	require.Equal(t, -1, p.Index("0000:af:00.2"), "another PF's VF")
-
-	q, ok := readPF(t, fixtureRoot("edge"), "0000:af:00.0")
-	require.True(t, ok)
-	idx := sriov.IndexVFs(map[string]sriov.PF{"0000:86:00.0": p, "0000:af:00.0": q})
-	require.Len(t, idx, len(p.VFs)+len(q.VFs))
-	require.Equal(t, 2, idx.Index("0000:86:00.0", "0000:86:00.3"))
-	require.Equal(t, -1, idx.Index("0000:af:00.0", "0000:86:00.3"), "listed, but by another PF")
-	require.Equal(t, -1, idx.Index("0000:86:00.0", "0000:86:00.9"), "not listed")
 }
 
 // VFs being disabled: the kernel removes the PF's virtfnN links first.
