@@ -24,16 +24,28 @@ import (
 // up with Of.
 type ClassLinks struct {
 	owners [][12]byte // sorted, distinct
-	names  [][]string // names[i]: the entries below owners[i], sorted
-	dirs   []string   // when read with dirs: owners[i]'s directory
+	// all are the entries with an owner, by owner; owners[i]'s are
+	// all[ends[i-1]:ends[i]] (from 0 for the first), sorted.
+	all  []string
+	ends []int32
+	dirs []string // when read with dirs: owners[i]'s directory
 }
 
 // Of returns the entries below the function at addr.
 func (c ClassLinks) Of(addr string) []string {
 	if i, ok := c.find(addr); ok {
-		return c.names[i]
+		return c.names(i)
 	}
 	return nil
+}
+
+// names are the entries below owners[i], a clipped window of all.
+func (c ClassLinks) names(i int) []string {
+	lo := int32(0)
+	if i > 0 {
+		lo = c.ends[i-1]
+	}
+	return c.all[lo:c.ends[i]:c.ends[i]]
 }
 
 // entries returns Of(addr) and the directory of the function at addr as
@@ -47,7 +59,7 @@ func (c ClassLinks) entries(addr string) (names []string, dir string) {
 	if c.dirs != nil {
 		dir = c.dirs[i]
 	}
-	return c.names[i], dir
+	return c.names(i), dir
 }
 
 func (c ClassLinks) find(addr string) (int, bool) {
@@ -93,7 +105,7 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
 	// owners[i] is the PCI address that names[i] hangs below, zero for
-	// none: kept as bytes until the map is made, one string per owner.
+	// none: kept as bytes, no string per owner.
 	owners := make([][12]byte, len(names))
 	var paths []string // with dirs, each entry's owner's directory
 	if dirs {
@@ -101,7 +113,7 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 	}
 	// shared[i] is the index of the listed entry whose owner names[i]
 	// takes, or -1 to read its own link.
-	shared := make([]int, len(names))
+	shared := make([]int32, len(names))
 	for i, n := range names {
 		shared[i] = -1
 		if sibling == nil {
@@ -116,7 +128,7 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 			continue
 		}
 		if j, ok := slices.BinarySearch(names, sib); ok {
-			shared[i] = j
+			shared[i] = int32(j)
 		}
 	}
 	if workers < 1 {
@@ -154,8 +166,8 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 			owners[i] = owners[j]
 		}
 	}
-	// Each owner's names are a clipped window of one slice, in the order
-	// of names (sorted): the entries with an owner, stably sorted by it.
+	// Each owner's names are a window of one slice, in the order of
+	// names (sorted): the entries with an owner, stably sorted by it.
 	var none [12]byte
 	order := make([]int32, 0, len(names))
 	for i, o := range owners {
@@ -170,8 +182,7 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 			distinct++
 		}
 	}
-	all := make([]string, len(order))
-	out := ClassLinks{owners: make([][12]byte, 0, distinct), names: make([][]string, 0, distinct)}
+	out := ClassLinks{owners: make([][12]byte, 0, distinct), all: make([]string, len(order)), ends: make([]int32, 0, distinct)}
 	if dirs {
 		out.dirs = make([]string, 0, distinct)
 	}
@@ -180,13 +191,13 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 		hi := lo
 		path := ""
 		for ; hi < len(order) && owners[order[hi]] == o; hi++ {
-			all[hi] = names[order[hi]]
+			out.all[hi] = names[order[hi]]
 			if dirs && paths[order[hi]] != "" {
 				path = paths[order[hi]]
 			}
 		}
 		out.owners = append(out.owners, o)
-		out.names = append(out.names, all[lo:hi:hi])
+		out.ends = append(out.ends, int32(hi))
 		if dirs {
 			out.dirs = append(out.dirs, path)
 		}

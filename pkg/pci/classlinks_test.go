@@ -110,7 +110,7 @@ func asMap(links ClassLinks) map[string][]string {
 		if i > 0 && string(links.owners[i-1][:]) >= string(o[:]) {
 			panic("owners out of order at " + string(o[:]))
 		}
-		m[string(o[:])] = links.names[i]
+		m[string(o[:])] = links.names(i)
 	}
 	return m
 }
