@@ -111,7 +111,8 @@ host_files() {
 cdi_specs() {
 	local p
 	for p in "${CDI_SPECS[@]}"; do
-		find "$CDI_DIR" -maxdepth 1 -name "$p" 2>/dev/null
+		# None when the directory is missing (find fails; set -e, pipefail).
+		find "$CDI_DIR" -maxdepth 1 -name "$p" 2>/dev/null || true
 	done | sort
 }
 
