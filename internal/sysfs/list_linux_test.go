@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,7 +29,7 @@ func TestListShortReads(t *testing.T) {
 	defer d.Close()
 	for _, limit := range []int{4096, 512, 300} {
 		calls, short := 0, 0
-		got, err := d.list(".", func(fd int, buf []byte) (int, error) {
+		got, _, err := d.listRawWith(".", nil, nil, func(fd int, buf []byte) (int, error) {
 			calls++
 			n, err := unix.Getdents(fd, buf[:min(limit, len(buf))])
 			if n > 0 && n < len(buf)-280 {
@@ -37,6 +38,7 @@ func TestListShortReads(t *testing.T) {
 			return n, err
 		})
 		require.NoError(t, err, "limit %d", limit)
+		slices.Sort(got)
 		require.Equal(t, want, got, "limit %d", limit)
 		require.Greater(t, short, 1, "limit %d: the kernel answered in pieces", limit)
 		require.Equal(t, short+1, calls, "limit %d: one more call, which returns 0", limit)

@@ -12,6 +12,7 @@ package sysfs
 import (
 	"bytes"
 	"path/filepath"
+	"slices"
 )
 
 // Dir is an open directory (O_PATH) that names below it are resolved
@@ -97,4 +98,65 @@ func (d Dir) Readlink(name string) (string, error) {
 		return "", err
 	}
 	return string(buf[:n]), nil
+}
+
+// Listing is one directory's listing kept for the next listing of the same
+// directory: a node scan lists the same few large directories (the bus,
+// the RDMA classes) every time and mostly finds them as they were. The
+// next List reuses the listing's slices and the string of every name that
+// is still there, and, when the directory is unchanged, returns the sorted
+// names it already has. The zero Listing is ready to use.
+type Listing struct {
+	raw, prevRaw []string // in the order the kernel listed them
+	sorted       []string
+	sortedOK     bool // sorted is prevRaw's names (before a List, raw's)
+}
+
+// List is d.List(name) into l. What it returns belongs to l: valid until
+// l lists again.
+func (l *Listing) List(d Dir, name string) ([]string, error) {
+	l.prevRaw, l.raw = l.raw, l.prevRaw
+	clear(l.raw[:cap(l.raw)])
+	raw, same, err := d.listRaw(name, l.raw[:0], l.prevRaw)
+	l.raw = raw
+	if err != nil {
+		l.sortedOK = false
+		return nil, err
+	}
+	if len(raw) == 0 {
+		l.sortedOK = false
+		return nil, nil
+	}
+	if !same || !l.sortedOK {
+		clear(l.sorted)
+		l.sorted = append(l.sorted[:0], raw...)
+		slices.Sort(l.sorted)
+		l.sortedOK = true
+	}
+	return l.sorted, nil
+}
+
+// reuse hands out the strings of an earlier listing of a directory to a
+// new one. A kernel lists an unchanged directory in the same order each
+// time, so the new listing's names are compared with the earlier ones in
+// step: a name added or removed costs the names after it their string
+// only until the two line up again.
+type reuse struct {
+	prev []string
+	next int  // where in prev the next name is looked for
+	same bool // every name so far was prev's next
+}
+
+// take returns prev's string for name, if it has it where expected (next,
+// or just after: one name removed).
+func (r *reuse) take(name []byte) (string, bool) {
+	for k := r.next; k < len(r.prev) && k <= r.next+1; k++ {
+		if r.prev[k] == string(name) {
+			r.same = r.same && k == r.next
+			r.next = k + 1
+			return r.prev[k], true
+		}
+	}
+	r.same = false
+	return "", false
 }

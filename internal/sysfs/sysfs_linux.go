@@ -158,56 +158,72 @@ func (d Dir) ReadlinkTo(name string, buf []byte) (int, error) {
 // List returns the sorted entry names of the directory name below d ("."
 // for d itself); a missing directory has none.
 func (d Dir) List(name string) ([]string, error) {
-	return d.list(name, unix.Getdents)
-}
-
-// list is List with the getdents call passed in, so that a test can have
-// the kernel answer in pieces, as FUSE and virtiofs do.
-func (d Dir) list(name string, getdents func(fd int, buf []byte) (int, error)) ([]string, error) {
-	fd, err := d.openat(name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, d.err("open", name, err)
-	}
-	defer unix.Close(fd)
 	scratch := dirents.Get().(*listScratch)
 	defer scratch.put()
-	// Only getdents returning 0 says the directory is exhausted: a local
-	// file system fills the buffer while entries fit, but Linux does not
-	// promise it, and FUSE and virtiofs answer a page at a time.
-	for {
-		n, err := getdents(fd, scratch.buf[:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, d.err("getdents", name, err)
-		}
-		if n <= 0 {
-			break
-		}
-		scratch.names = appendNames(scratch.names, scratch.buf[:n])
+	raw, _, err := d.listRaw(name, scratch.names, nil)
+	scratch.names = raw
+	if err != nil || len(raw) == 0 {
+		return nil, err
 	}
-	if len(scratch.names) == 0 {
-		return nil, nil
-	}
-	names := slices.Clone(scratch.names)
+	names := slices.Clone(raw)
 	slices.Sort(names)
 	return names, nil
 }
 
-// listScratch is a listing's getdents buffer and the names it has decoded
-// so far, reused: a scan lists a handful of large directories each time,
-// and a listing in several pieces would otherwise grow its names slice
-// piece by piece, to twice its size. The caller gets an exact copy.
+// listRaw appends the entry names of the directory name below d to dst,
+// unsorted (see listRawWith).
+func (d Dir) listRaw(name string, dst, prev []string) ([]string, bool, error) {
+	return d.listRawWith(name, dst, prev, unix.Getdents)
+}
+
+// listRawWith appends the entry names of the directory name below d to dst in
+// the order getdents gives them, taking each name's string from prev
+// where the name is there too (see reuse), and reports whether the
+// names are prev's, in prev's order. The getdents call is passed in, so
+// that a test can have the kernel answer in pieces, as FUSE and virtiofs
+// do.
+func (d Dir) listRawWith(name string, dst, prev []string, getdents func(fd int, buf []byte) (int, error)) ([]string, bool, error) {
+	fd, err := d.openat(name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return dst, len(prev) == 0, nil
+		}
+		return dst, false, d.err("open", name, err)
+	}
+	defer unix.Close(fd)
+	buf := getdentsBufs.Get().(*[32 << 10]byte)
+	defer getdentsBufs.Put(buf)
+	r := reuse{prev: prev, same: true}
+	// Only getdents returning 0 says the directory is exhausted: a local
+	// file system fills the buffer while entries fit, but Linux does not
+	// promise it, and FUSE and virtiofs answer a page at a time.
+	for {
+		n, err := getdents(fd, buf[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return dst, false, d.err("getdents", name, err)
+		}
+		if n <= 0 {
+			break
+		}
+		dst = appendNames(dst, buf[:n], &r)
+	}
+	return dst, r.same && r.next == len(prev), nil
+}
+
+// listScratch is a plain listing's names decoded so far, reused: a
+// listing in several pieces would otherwise grow its names slice piece by
+// piece, to twice its size. The caller gets an exact copy.
 type listScratch struct {
-	buf   [32 << 10]byte
 	names []string
 }
 
-var dirents = sync.Pool{New: func() any { return new(listScratch) }}
+var (
+	dirents      = sync.Pool{New: func() any { return new(listScratch) }}
+	getdentsBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+)
 
 // put returns s to the pool without the strings it points to.
 func (s *listScratch) put() {
@@ -216,49 +232,59 @@ func (s *listScratch) put() {
 	dirents.Put(s)
 }
 
-// appendNames decodes linux_dirent64 records, skipping "." and "..". The
-// names of one buffer share one string (two allocations, not one per
-// name: a scan lists about ten thousand entries).
-func appendNames(names []string, b []byte) []string {
+// appendNames decodes linux_dirent64 records, skipping "." and "..". A
+// name that r has is r's string; the other names of one buffer share one
+// new string (two allocations, not one per name: a scan lists about ten
+// thousand entries).
+func appendNames(names []string, b []byte, r *reuse) []string {
 	size, count := 0, 0
-	for r := b; len(r) >= 19; {
-		name, reclen := dirent(r)
+	probe := *r // the decisions the second pass makes again
+	for rest := b; len(rest) >= 19; {
+		name, reclen := dirent(rest)
 		if reclen == 0 {
 			break
 		}
 		if !dotOrDotDot(name) {
-			size += len(name)
 			count++
+			if _, ok := probe.take(name); !ok {
+				size += len(name)
+			}
 		}
-		r = r[reclen:]
+		rest = rest[reclen:]
 	}
 	names = slices.Grow(names, count)
-	blob := make([]byte, 0, size)
-	start := len(names)
-	for r := b; len(r) >= 19; {
-		name, reclen := dirent(r)
-		if reclen == 0 {
-			break
+	var all string
+	if size > 0 {
+		blob := make([]byte, 0, size)
+		for rest, p := b, *r; len(rest) >= 19; {
+			name, reclen := dirent(rest)
+			if reclen == 0 {
+				break
+			}
+			if !dotOrDotDot(name) {
+				if _, ok := p.take(name); !ok {
+					blob = append(blob, name...)
+				}
+			}
+			rest = rest[reclen:]
 		}
-		if !dotOrDotDot(name) {
-			blob = append(blob, name...)
-			names = append(names, "") // filled below, once blob is a string
-		}
-		r = r[reclen:]
+		all = unsafe.String(unsafe.SliceData(blob), len(blob)) // blob is not written again
 	}
-	all := unsafe.String(unsafe.SliceData(blob), len(blob)) // blob is not written again
 	off := 0
-	for r, i := b, start; len(r) >= 19; {
-		name, reclen := dirent(r)
+	for rest := b; len(rest) >= 19; {
+		name, reclen := dirent(rest)
 		if reclen == 0 {
 			break
 		}
 		if !dotOrDotDot(name) {
-			names[i] = all[off : off+len(name)]
-			off += len(name)
-			i++
+			s, ok := r.take(name)
+			if !ok {
+				s = all[off : off+len(name)]
+				off += len(name)
+			}
+			names = append(names, s)
 		}
-		r = r[reclen:]
+		rest = rest[reclen:]
 	}
 	return names
 }

@@ -112,21 +112,40 @@ func (d Dir) ReadlinkTo(name string, buf []byte) (int, error) {
 // List returns the sorted entry names of the directory name below d ("."
 // for d itself); a missing directory has none.
 func (d Dir) List(name string) ([]string, error) {
+	names, _, err := d.listRaw(name, nil, nil)
+	if err != nil || len(names) == 0 {
+		return nil, err
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// listRaw appends the entry names of the directory name below d to dst,
+// unsorted, taking each name's string from prev where the name is there
+// too (see reuse), and reports whether the names are prev's, in prev's
+// order.
+func (d Dir) listRaw(name string, dst, prev []string) ([]string, bool, error) {
 	if strings.IndexByte(name, 0) >= 0 {
-		return nil, d.err("open", name, errInvalid)
+		return dst, false, d.err("open", name, errInvalid)
 	}
 	f, err := os.Open(d.full(name))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
+			return dst, len(prev) == 0, nil
 		}
-		return nil, d.err("open", name, errno(err))
+		return dst, false, d.err("open", name, errno(err))
 	}
 	defer f.Close()
 	names, err := f.Readdirnames(-1)
 	if err != nil {
-		return nil, d.err("getdents", name, errno(err))
+		return dst, false, d.err("getdents", name, errno(err))
 	}
-	slices.Sort(names)
-	return names, nil
+	r := reuse{prev: prev, same: true}
+	for _, n := range names {
+		if s, ok := r.take([]byte(n)); ok {
+			n = s
+		}
+		dst = append(dst, n)
+	}
+	return dst, r.same && r.next == len(prev), nil
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -164,6 +165,73 @@ func TestList(t *testing.T) {
 	require.Nil(t, got)
 	_, err = d.List(want[0])
 	require.ErrorIs(t, err, unix.ENOTDIR)
+}
+
+// A Listing lists as List does however the directory changes between
+// listings, and hands out the same strings for the names still there.
+func TestListing(t *testing.T) {
+	root := t.TempDir()
+	touch := func(names ...string) {
+		for _, n := range names {
+			require.NoError(t, os.WriteFile(filepath.Join(root, n), nil, 0o644))
+		}
+	}
+	rm := func(names ...string) {
+		for _, n := range names {
+			require.NoError(t, os.Remove(filepath.Join(root, n)))
+		}
+	}
+	var all []string
+	for i := range 3000 {
+		all = append(all, fmt.Sprintf("uverbs%d", i))
+	}
+	touch(all...)
+	d, err := Open(root)
+	require.NoError(t, err)
+	defer d.Close()
+	var l Listing
+	strs := map[string]*byte{} // each name's string as last listed
+	list := func(step string) (reused int) {
+		t.Helper()
+		want, err := d.List(".")
+		require.NoError(t, err)
+		got, err := l.List(d, ".")
+		require.NoError(t, err, step)
+		require.Equal(t, want, got, step)
+		for _, n := range got {
+			if strs[n] == unsafe.StringData(n) {
+				reused++
+			}
+			strs[n] = unsafe.StringData(n)
+		}
+		return reused
+	}
+	require.Zero(t, list("first"))
+	require.Equal(t, 3000, list("unchanged"))
+	rm(all[7], all[1500], all[2999])
+	require.Equal(t, 2997, list("three removed"), "a removed name costs the others nothing")
+	touch("umad0", "issm0")
+	require.GreaterOrEqual(t, list("two added"), 2000)
+	require.Equal(t, 2999, list("unchanged again"))
+	for i, n := range all {
+		if i != 7 && i != 1500 && i != 2999 {
+			rm(n)
+		}
+	}
+	touch("entry-a")
+	require.Zero(t, list("all replaced"))
+	rm("entry-a", "umad0", "issm0")
+	got, err := l.List(d, ".")
+	require.NoError(t, err)
+	require.Empty(t, got)
+	touch("entry-b")
+	require.Zero(t, list("after empty"))
+	got, err = l.List(d, "missing")
+	require.NoError(t, err)
+	require.Empty(t, got)
+	_, err = l.List(d, "entry-b")
+	require.ErrorIs(t, err, unix.ENOTDIR)
+	require.Zero(t, list("after an error"))
 }
 
 func TestOpenErrors(t *testing.T) {

@@ -38,7 +38,10 @@ var hosts struct {
 	dir   string
 	err   error
 	paths [][]string // per host, every entry below sys/, relative to the host root, sorted
-	mu    sync.Mutex // guards the working copies
+	// per host, a Scanner of the working copy that has scanned it before
+	// each corruption: its rescans reuse the memory of the last scan
+	rescanners []*nic.Scanner
+	mu         sync.Mutex // guards the working copies
 }
 
 func pristineRoot(h int) string { return filepath.Join(hosts.dir, "pristine", corruptHosts[h].name) }
@@ -70,6 +73,7 @@ func setUpHosts(t testing.TB) {
 			})
 			sort.Strings(paths)
 			hosts.paths = append(hosts.paths, paths)
+			hosts.rescanners = append(hosts.rescanners, nic.NewScanner(workingRoot(h)))
 		}
 	})
 	require.NoError(t, hosts.err)
@@ -149,9 +153,15 @@ func scanCorrupted(t *testing.T, h int, which int, action uint8, content []byte)
 	}()
 	sc := nic.NewScanner(root)
 	snap, err := sc.Scan()
+	// A Scanner that scanned the host intact (and each damaged state
+	// before) finds what a new one finds.
+	re, reErr := hosts.rescanners[h].Scan()
 	if err != nil {
+		require.Error(t, reErr, "a rescan of what a new Scanner refuses (%v)", err)
 		return // an error that names the problem is a fine answer
 	}
+	require.NoError(t, reErr, "a rescan of what a new Scanner reads")
+	require.Equal(t, snap, re, "a rescan")
 	checkSnapshot(t, root, snap)
 	for _, d := range snap.Devices {
 		one, err := sc.Device(d.PCIAddress)

@@ -39,6 +39,7 @@ type Scanner struct {
 	pci   *pci.Scanner
 	rdma  *rdma.Reader
 	names *pci.Names
+	bufs  sync.Pool // of *scanBuffer
 }
 
 // Option configures a Scanner.
@@ -70,22 +71,26 @@ func isMellanox(vendor string) bool { return vendor == pci.VendorMellanox }
 // devices of each function are read while its directory is open, in the
 // PCI scan's parallel workers.
 func (s *Scanner) Scan() (*Snapshot, error) {
+	// A scan's working memory is the last scan's, when no other scan
+	// has it: a rescan of an unchanged node then allocates little more
+	// than the snapshot it returns.
+	buf, _ := s.bufs.Get().(*scanBuffer)
+	if buf == nil {
+		buf = new(scanBuffer)
+	}
+	defer s.bufs.Put(buf)
 	// The RDMA class directories and /dev/infiniband are read while the
 	// PCI scan lists the bus and reads the functions' IDs: each listing
 	// is a long run of system calls that leaves the other CPUs idle. A
 	// function's RDMA devices are read once the class index is there.
-	var idx *rdma.ScanIndex
-	var nodes rdma.DevNodes
-	var idxErr, nodesErr error
+	idx := &buf.idx
+	var idxErr error
 	indexed := make(chan struct{})
 	go func() {
 		defer close(indexed)
-		var wg sync.WaitGroup
-		wg.Go(func() { nodes, nodesErr = s.rdma.DevNodes() })
-		idx, idxErr = s.rdma.ScanIndex(2 * runtime.GOMAXPROCS(0))
-		wg.Wait()
+		idxErr = idx.Read(s.rdma, 2*runtime.GOMAXPROCS(0))
 	}()
-	fns, read, err := pci.ScanWith(s.pci, isMellanox, func(f *pci.Function, dir pci.Dir) (visited, error) {
+	fns, read, err := pci.ScanInto(s.pci, isMellanox, func(f *pci.Function, dir pci.Dir) (visited, error) {
 		var v visited
 		if !f.IsNIC() {
 			return v, nil
@@ -106,7 +111,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		}
 		v.rdma = devs
 		return v, nil
-	})
+	}, &buf.pci)
 	<-indexed
 	if err != nil {
 		return nil, err
@@ -114,9 +119,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	if idxErr != nil {
 		return nil, idxErr
 	}
-	if nodesErr != nil {
-		return nil, nodesErr
-	}
+	nodes := idx.Nodes()
 	snap := &Snapshot{Devices: make([]Device, 0, len(fns))}
 	models := map[[8]byte]string{}
 	if nodes.Has(rdma.RDMACMPath) {
@@ -155,6 +158,12 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		snap.Warnings = append(snap.Warnings, fmt.Sprintf("%s missing (is rdma_ucm loaded?)", rdma.RDMACMPath))
 	}
 	return snap, nil
+}
+
+// scanBuffer is a scan's working memory, kept for the next scan.
+type scanBuffer struct {
+	pci pci.ScanBuffer[visited]
+	idx rdma.ScanIndex
 }
 
 // visited is what a scan's workers read below one function besides what

@@ -85,13 +85,33 @@ func ReadClassLinks(sys, class, sub string, workers int) (ClassLinks, error) {
 // read instead of name's. ib_umad, for one, makes umadN and issmN for the
 // same port with the same parent.
 func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(name string) string) (ClassLinks, error) {
-	return readClassLinks(sys, class, sub, workers, sibling, false)
+	return new(ClassReader).Read(sys, class, sub, workers, sibling)
 }
 
-// readClassLinks is ReadClassLinksSharing, also keeping the owners'
-// directories ("<sys>/devices/pci0000:15/…/0000:18:00.1", as the entries'
-// links give them) when dirs is set.
-func readClassLinks(sys, class, sub string, workers int, sibling func(name string) string, dirs bool) (ClassLinks, error) {
+// ClassReader reads one class again and again (a node's periodic scan),
+// keeping the memory of each reading for the next: its slices, and the
+// strings of the entries and directories that are still there.
+type ClassReader struct {
+	list sysfs.Listing
+	// Per entry of the listing: its owner, the listed entry whose owner
+	// it takes (-1: its own), its owner's directory (and the last
+	// reading's, by the same index: an unchanged class lists the same).
+	owners           [][12]byte
+	shared, order    []int32
+	paths, prevPaths []string
+	out              ClassLinks
+}
+
+// Read is ReadClassLinksSharing. What it returns belongs to r: valid
+// until r reads again.
+func (r *ClassReader) Read(sys, class, sub string, workers int, sibling func(name string) string) (ClassLinks, error) {
+	return r.read(sys, class, sub, workers, sibling, false)
+}
+
+// read is Read, also keeping the owners' directories ("<sys>/devices/
+// pci0000:15/…/0000:18:00.1", as the entries' links give them) when dirs
+// is set.
+func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(name string) string, dirs bool) (ClassLinks, error) {
 	dir, err := sysfs.Open(filepath.Join(sys, "class", class))
 	if errors.Is(err, fs.ErrNotExist) {
 		return ClassLinks{}, nil
@@ -100,20 +120,26 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
 	defer dir.Close()
-	names, err := dir.List(".")
+	names, err := r.list.List(dir, ".")
 	if err != nil {
 		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
 	// owners[i] is the PCI address that names[i] hangs below, zero for
 	// none: kept as bytes, no string per owner.
-	owners := make([][12]byte, len(names))
-	var paths []string // with dirs, each entry's owner's directory
+	owners := resize(r.owners, len(names))
+	clear(owners)
+	r.owners = owners
+	var paths, prevPaths []string // with dirs, each entry's owner's directory
 	if dirs {
-		paths = make([]string, len(names))
+		r.prevPaths, r.paths = r.paths, r.prevPaths
+		paths = resize(r.paths, len(names))
+		clear(paths)
+		r.paths, prevPaths = paths, r.prevPaths
 	}
 	// shared[i] is the index of the listed entry whose owner names[i]
 	// takes, or -1 to read its own link.
-	shared := make([]int32, len(names))
+	shared := resize(r.shared, len(names))
+	r.shared = shared
 	for i, n := range names {
 		shared[i] = -1
 		if sibling == nil {
@@ -147,15 +173,19 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 					continue
 				}
 				// A link that vanished mid-scan has no owner.
-				if n, err := dir.ReadlinkTo(names[i], buf[:]); err == nil {
-					if o := ownerOf(buf[:n], sub, names[i]); o != nil {
-						owners[i] = [12]byte(o)
-						if dirs {
-							// ../../devices/<path>/<addr>/<sub>/<name>
-							end := n - len(sub) - len(names[i]) - 2
-							paths[i] = sys + "/devices/" + string(buf[len(devicesPrefix):end])
-						}
-					}
+				n, err := dir.ReadlinkTo(names[i], buf[:])
+				if err != nil {
+					continue
+				}
+				o := ownerOf(buf[:n], sub, names[i])
+				if o == nil {
+					continue
+				}
+				owners[i] = [12]byte(o)
+				if dirs {
+					// ../../devices/<path>/<addr>/<sub>/<name>
+					end := n - len(sub) - len(names[i]) - 2
+					paths[i] = devicesDir(sys, buf[len(devicesPrefix):end], prevPaths, i)
 				}
 			}
 		}(lo, hi)
@@ -169,22 +199,21 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 	// Each owner's names are a window of one slice, in the order of
 	// names (sorted): the entries with an owner, stably sorted by it.
 	var none [12]byte
-	order := make([]int32, 0, len(names))
+	order := r.order[:0]
 	for i, o := range owners {
 		if o != none {
 			order = append(order, int32(i))
 		}
 	}
+	r.order = order
 	slices.SortStableFunc(order, func(a, b int32) int { return bytes.Compare(owners[a][:], owners[b][:]) })
-	distinct := 0
-	for k, i := range order {
-		if k == 0 || owners[i] != owners[order[k-1]] {
-			distinct++
-		}
-	}
-	out := ClassLinks{owners: make([][12]byte, 0, distinct), all: make([]string, len(order)), ends: make([]int32, 0, distinct)}
-	if dirs {
-		out.dirs = make([]string, 0, distinct)
+	out := &r.out
+	clear(out.all)
+	clear(out.dirs)
+	out.owners, out.all, out.ends = out.owners[:0], resize(out.all, len(order)), out.ends[:0]
+	out.dirs = out.dirs[:0]
+	if !dirs {
+		out.dirs = nil
 	}
 	for lo := 0; lo < len(order); {
 		o := owners[order[lo]]
@@ -203,7 +232,29 @@ func readClassLinks(sys, class, sub string, workers int, sibling func(name strin
 		}
 		lo = hi
 	}
-	return out, nil
+	return *out, nil
+}
+
+// devicesDir is "<sys>/devices/<rel>": prev[i] when that is it (the last
+// reading's directory for the same entry), else a new string.
+func devicesDir(sys string, rel []byte, prev []string, i int) string {
+	const mid = "/devices/"
+	if i < len(prev) {
+		p := prev[i]
+		if len(p) == len(sys)+len(mid)+len(rel) && p[:len(sys)] == sys && p[len(sys):len(sys)+len(mid)] == mid && p[len(sys)+len(mid):] == string(rel) {
+			return p
+		}
+	}
+	return sys + mid + string(rel)
+}
+
+// resize returns s with length n, reusing its array when it is large
+// enough. What it holds is not cleared.
+func resize[S ~[]E, E any](s S, n int) S {
+	if cap(s) < n {
+		return make(S, n)
+	}
+	return s[:n]
 }
 
 // ClassLinkInside reports whether target, the target of an entry of

@@ -49,12 +49,32 @@ type Visitor[T any] func(f *Function, dir Dir) (T, error)
 // The second result holds what visit returned for each function, at the
 // function's index in the first: a caller joins per-function reads by
 // index, without a map or a lock shared by the workers.
+func ScanWith[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]) ([]Function, []T, error) {
+	return ScanInto(s, keep, visit, new(ScanBuffer[T]))
+}
+
+// ScanBuffer is a node scan's memory, kept for the next scan with it to
+// reuse (a node's periodic rescan): the bus listing, the netdev class
+// index, the functions and what visit returned for them, and the strings
+// of the names and paths that are as they were. The zero ScanBuffer is
+// ready to use; one ScanBuffer serves one scan at a time.
+type ScanBuffer[T any] struct {
+	bus     sysfs.Listing
+	netdevs ClassReader
+	fns     []Function
+	vals    []T
+	kept    []bool
+	errs    []error
+}
+
+// ScanInto is ScanWith with buf's memory. What it returns belongs to buf:
+// valid until buf scans again, so a caller copies out what it keeps.
 //
 // A node scan is the hot path of discovery (thousands of VFs, every
 // periodic update), so it reads each function with as few system calls as
 // the kernel's layout allows (see scanOne) and allocates little: the
 // garbage of a scan costs a 2-CPU node as much as a tenth of its reads.
-func ScanWith[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]) ([]Function, []T, error) {
+func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T], buf *ScanBuffer[T]) ([]Function, []T, error) {
 	bus, err := sysfs.Open(s.devicesDir())
 	if err != nil {
 		return nil, nil, fmt.Errorf("list pci devices: %w", err)
@@ -67,9 +87,9 @@ func ScanWith[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 	listed := make(chan struct{})
 	go func() {
 		defer close(listed)
-		netdevs, netErr = readClassLinks(s.sys, "net", "net", s.workers, nil, true)
+		netdevs, netErr = buf.netdevs.read(s.sys, "net", "net", s.workers, nil, true)
 	}()
-	entries, err := bus.List(".")
+	entries, err := buf.bus.List(bus, ".")
 	<-listed
 	if err != nil {
 		return nil, nil, fmt.Errorf("list pci devices: %w", err)
@@ -77,16 +97,28 @@ func ScanWith[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 	if netErr != nil {
 		return nil, nil, netErr
 	}
-	addrs := entries[:0]
+	n := 0
 	for _, e := range entries {
 		if ValidAddress(e) {
-			addrs = append(addrs, e)
+			n++
 		}
 	}
-	fns := make([]Function, len(addrs))
-	kept := make([]bool, len(addrs))
-	errs := make([]error, len(addrs))
-	vals := make([]T, len(addrs))
+	addrs := entries
+	if n < len(entries) {
+		// The listing is buf's, and sorted: filter a copy.
+		addrs = make([]string, 0, n)
+		for _, e := range entries {
+			if ValidAddress(e) {
+				addrs = append(addrs, e)
+			}
+		}
+	}
+	fns := resize(buf.fns, len(addrs))
+	kept := resize(buf.kept, len(addrs))
+	errs := resize(buf.errs, len(addrs))
+	vals := resize(buf.vals, len(addrs))
+	clear(vals)
+	buf.fns, buf.kept, buf.errs, buf.vals = fns, kept, errs, vals
 	var v func(i int, f *Function, dir Dir) error
 	if visit != nil {
 		v = func(i int, f *Function, dir Dir) (err error) {
@@ -111,7 +143,7 @@ func ScanWith[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 	}
 	wg.Wait()
 
-	n := 0 // kept so far: fns[:n], sorted by address as the listing is
+	n = 0 // kept so far: fns[:n], sorted by address as the listing is
 	for i := range fns {
 		if errs[i] != nil {
 			// A function that vanished mid-scan (hot unplug, VFs being

@@ -2,40 +2,62 @@ package rdma
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"sync"
 
+	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 )
 
 // ScanIndex is which RDMA devices and char devices the class directories
 // (<sys>/class/infiniband, infiniband_verbs, infiniband_mad) link below
-// each PCI function: a node scan reads it once instead of listing three
-// directories below every function.
+// each PCI function, and which char devices <root>/dev/infiniband has: a
+// node scan reads it once instead of listing three directories below
+// every function. An index read again with Read reuses its memory.
 type ScanIndex struct {
 	devices, verbs, mad pci.ClassLinks
+	nodes               DevNodes
+	readers             [3]pci.ClassReader
+	nodesList           sysfs.Listing
 }
 
-// ScanIndex reads the class directories with workers goroutines.
+// ScanIndex reads the class directories with workers goroutines, and
+// lists /dev/infiniband.
 func (r *Reader) ScanIndex(workers int) (*ScanIndex, error) {
-	var idx ScanIndex
-	var errs [3]error
-	var wg sync.WaitGroup
-	// The three listings and their readlinks overlap: a listing is one
-	// long system call that leaves the other CPUs idle.
-	wg.Go(func() { idx.devices, errs[0] = pci.ReadClassLinks(r.sys, "infiniband", "infiniband", workers) })
-	wg.Go(func() {
-		idx.verbs, errs[1] = pci.ReadClassLinks(r.sys, "infiniband_verbs", "infiniband_verbs", workers)
-	})
-	wg.Go(func() {
-		idx.mad, errs[2] = pci.ReadClassLinksSharing(r.sys, "infiniband_mad", "infiniband_mad", workers, umadOfIssm)
-	})
-	wg.Wait()
-	if err := errors.Join(errs[:]...); err != nil {
+	idx := new(ScanIndex)
+	if err := idx.Read(r, workers); err != nil {
 		return nil, err
 	}
-	return &idx, nil
+	return idx, nil
 }
+
+// Read reads idx again from r, reusing the memory of its last reading:
+// what idx handed out before (Nodes) is no longer valid.
+func (idx *ScanIndex) Read(r *Reader, workers int) error {
+	var errs [4]error
+	var wg sync.WaitGroup
+	// The four listings and the readlinks overlap: a listing is one long
+	// system call that leaves the other CPUs idle.
+	wg.Go(func() {
+		idx.devices, errs[0] = idx.readers[0].Read(r.sys, "infiniband", "infiniband", workers, nil)
+	})
+	wg.Go(func() {
+		idx.verbs, errs[1] = idx.readers[1].Read(r.sys, "infiniband_verbs", "infiniband_verbs", workers, nil)
+	})
+	wg.Go(func() {
+		idx.mad, errs[2] = idx.readers[2].Read(r.sys, "infiniband_mad", "infiniband_mad", workers, umadOfIssm)
+	})
+	var names []string
+	names, errs[3] = listDir(filepath.Join(r.root, DevDir), &idx.nodesList)
+	idx.nodes = DevNodes(names)
+	wg.Wait()
+	return errors.Join(errs[:]...)
+}
+
+// Nodes are the char devices present in <root>/dev/infiniband when idx
+// was read (see Reader.DevNodes).
+func (idx *ScanIndex) Nodes() DevNodes { return idx.nodes }
 
 // charKind returns the kind of a char device name ("uverbs14" is
 // KindUverbs); false for a name that is not a kind and a number.

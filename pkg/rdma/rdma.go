@@ -274,15 +274,16 @@ func (n DevNodes) Has(path string) bool {
 // DevNodes lists the char devices present in <root>/dev/infiniband. A
 // missing directory is an empty set: the RDMA modules are not loaded.
 func (r *Reader) DevNodes() (DevNodes, error) {
-	names, err := readDirNames(filepath.Join(r.root, DevDir))
+	names, err := listDir(filepath.Join(r.root, DevDir), nil)
 	if err != nil {
 		return nil, err
 	}
 	return DevNodes(names), nil
 }
 
-// readDirNames lists a directory, sorted; a missing directory is empty.
-func readDirNames(dir string) ([]string, error) {
+// listDir lists a directory, sorted, into l (nil: into a new slice); a
+// missing directory is empty.
+func listDir(dir string, l *sysfs.Listing) ([]string, error) {
 	d, err := sysfs.Open(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -291,5 +292,8 @@ func readDirNames(dir string) ([]string, error) {
 		return nil, err
 	}
 	defer d.Close()
+	if l != nil {
+		return l.List(d, ".")
+	}
 	return d.List(".")
 }
