@@ -228,10 +228,21 @@ func sortCharDevices(c []CharDevice) {
 // knows it, and saves the probe past the last.
 func readPorts(dir Attrs, dev string, known int) ([]Port, error) {
 	var ports []Port
+	if known > 0 {
+		ports = make([]Port, 0, known)
+	}
+	// "<dev>/ports/<n>/link_layer", made once per port.
+	var buf [128]byte
+	name := buf[:0]
 	for n := 1; known <= 0 || n <= known; n++ {
-		p := dev + "/ports/" + strconv.Itoa(n)
-		var buf [64]byte
-		ll, err := dir.ReadTo(p+"/link_layer", buf[:])
+		name = append(name[:0], dev...)
+		name = append(name, "/ports/"...)
+		name = strconv.AppendInt(name, int64(n), 10)
+		name = append(name, "/link_layer"...)
+		// Read, not ReadTo: a buffer passed through the Attrs interface
+		// escapes, Read's stays on its stack and only the value is
+		// copied out.
+		ll, err := dir.Read(string(name))
 		if errors.Is(err, fs.ErrNotExist) {
 			return ports, nil
 		}
