@@ -71,26 +71,10 @@ func (c ClassLinks) find(addr string) (int, bool) {
 	return slices.BinarySearchFunc(c.owners, k, func(o, k [12]byte) int { return bytes.Compare(o[:], k[:]) })
 }
 
-// ReadClassLinks reads <sys>/class/<class>, whose entries live in the <sub>
-// directory of their parent device ("net" for class net). A missing class
-// directory (module not loaded) is an empty map. Readlinks run on workers
-// goroutines; names come out sorted per function.
-func ReadClassLinks(sys, class, sub string, workers int) (ClassLinks, error) {
-	return ReadClassLinksSharing(sys, class, sub, workers, nil)
-}
-
-// ReadClassLinksSharing is ReadClassLinks for a class whose entries come
-// in families with one parent: sibling(name) names the entry whose owner
-// name shares ("" for none), and when that entry is listed its link is
-// read instead of name's. ib_umad, for one, makes umadN and issmN for the
-// same port with the same parent.
-func ReadClassLinksSharing(sys, class, sub string, workers int, sibling func(name string) string) (ClassLinks, error) {
-	return new(ClassReader).Read(sys, class, sub, workers, sibling)
-}
-
-// ClassReader reads one class again and again (a node's periodic scan),
-// keeping the memory of each reading for the next: its slices, and the
-// strings of the entries and directories that are still there.
+// ClassReader reads a class directory into ClassLinks, again and again
+// (a node's periodic scan), keeping the memory of each reading for the
+// next: its slices, and the strings of the entries and directories that
+// are still there. The zero ClassReader is ready to use.
 type ClassReader struct {
 	list sysfs.Listing
 	// Per entry of the listing: its owner, the listed entry whose owner
@@ -102,8 +86,17 @@ type ClassReader struct {
 	out              ClassLinks
 }
 
-// Read is ReadClassLinksSharing. What it returns belongs to r: valid
-// until r reads again.
+// Read reads <sys>/class/<class>, whose entries live in the <sub>
+// directory of their parent device ("net" for class net). A missing class
+// directory (module not loaded) is an empty map. Readlinks run on workers
+// goroutines; names come out sorted per function. What it returns
+// belongs to r: valid until r reads again.
+//
+// sibling, when not nil, is for a class whose entries come in families
+// with one parent: sibling(name) names the entry whose owner name shares
+// ("" for none), and when that entry is listed its link is read instead of
+// name's. ib_umad, for one, makes umadN and issmN for the same port with
+// the same parent.
 func (r *ClassReader) Read(sys, class, sub string, workers int, sibling func(name string) string) (ClassLinks, error) {
 	return r.read(sys, class, sub, workers, sibling, false)
 }

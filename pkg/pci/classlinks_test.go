@@ -49,7 +49,7 @@ func TestClassLinkInside(t *testing.T) {
 	}
 }
 
-func TestReadClassLinks(t *testing.T) {
+func TestClassReader(t *testing.T) {
 	sys := t.TempDir()
 	class := filepath.Join(sys, "class", "net")
 	require.NoError(t, os.MkdirAll(class, 0o755))
@@ -63,19 +63,19 @@ func TestReadClassLinks(t *testing.T) {
 		require.NoError(t, os.Symlink(target, filepath.Join(class, name)))
 	}
 	for _, workers := range []int{0, 1, 3, 8} {
-		links, err := ReadClassLinks(sys, "net", "net", workers)
+		links, err := new(ClassReader).Read(sys, "net", "net", workers, nil)
 		require.NoError(t, err)
 		require.Equal(t, map[string][]string{"0000:01:00.1": {"a0", "b0"}, "0000:02:00.0": {"eth9"}}, asMap(links), "workers=%d", workers)
 		require.Equal(t, []string{"a0", "b0"}, links.Of("0000:01:00.1"))
 		require.Nil(t, links.Of("0000:01:00.2"))
 		require.Nil(t, links.Of("short"))
 	}
-	links, err := ReadClassLinks(sys, "infiniband", "infiniband", 2)
+	links, err := new(ClassReader).Read(sys, "infiniband", "infiniband", 2, nil)
 	require.NoError(t, err, "a missing class (module not loaded) is empty, not an error")
 	require.Empty(t, asMap(links))
 }
 
-func TestReadClassLinksSharing(t *testing.T) {
+func TestClassReaderSharing(t *testing.T) {
 	sys := t.TempDir()
 	class := filepath.Join(sys, "class", "infiniband_mad")
 	require.NoError(t, os.MkdirAll(class, 0o755))
@@ -96,7 +96,7 @@ func TestReadClassLinksSharing(t *testing.T) {
 		return ""
 	}
 	for _, workers := range []int{1, 4} {
-		links, err := ReadClassLinksSharing(sys, "infiniband_mad", "infiniband_mad", workers, umadOf)
+		links, err := new(ClassReader).Read(sys, "infiniband_mad", "infiniband_mad", workers, umadOf)
 		require.NoError(t, err)
 		require.Equal(t, map[string][]string{a: {"issm0", "umad0"}, b: {"issm1", "umad1"}, c: {"issm7"}}, asMap(links), "workers=%d", workers)
 	}

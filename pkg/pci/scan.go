@@ -16,7 +16,7 @@ import (
 // Scan returns every function whose vendor keep accepts (nil keeps all),
 // sorted by address. VFs take their PF's NUMA node.
 func (s *Scanner) Scan(keep func(vendor string) bool) ([]Function, error) {
-	fns, _, err := ScanWith[struct{}](s, keep, nil)
+	fns, _, err := ScanInto(s, keep, nil, new(ScanBuffer[struct{}]))
 	return fns, err
 }
 
@@ -45,14 +45,6 @@ var (
 // keep it. What it returns for f is handed back beside f.
 type Visitor[T any] func(f *Function, dir Dir) (T, error)
 
-// ScanWith is Scan calling visit (when not nil) for each kept function.
-// The second result holds what visit returned for each function, at the
-// function's index in the first: a caller joins per-function reads by
-// index, without a map or a lock shared by the workers.
-func ScanWith[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]) ([]Function, []T, error) {
-	return ScanInto(s, keep, visit, new(ScanBuffer[T]))
-}
-
 // ScanBuffer is a node scan's memory, kept for the next scan with it to
 // reuse (a node's periodic rescan): the bus listing, the netdev class
 // index, the functions and what visit returned for them, and the strings
@@ -67,8 +59,12 @@ type ScanBuffer[T any] struct {
 	errs    []error
 }
 
-// ScanInto is ScanWith with buf's memory. What it returns belongs to buf:
-// valid until buf scans again, so a caller copies out what it keeps.
+// ScanInto is Scan calling visit (when not nil) for each kept function,
+// with buf's memory. The second result holds what visit returned for each
+// function, at the function's index in the first: a caller joins
+// per-function reads by index, without a map or a lock shared by the
+// workers. What it returns belongs to buf: valid until buf scans again,
+// so a caller copies out what it keeps.
 //
 // A node scan is the hot path of discovery (thousands of VFs, every
 // periodic update), so it reads each function with as few system calls as
@@ -290,7 +286,7 @@ func (w *worker) parent(path string) (*parentDir, error) {
 // rejects its vendor. It finds the function's directory, then reads
 // uevent from the function's parent directory, so a function of another
 // vendor costs a readlink and one file. A VF (it has a physfn link) reads
-// nothing more of its own: ScanWith gives it its PF's NUMA node. Netdevs
+// nothing more of its own: ScanInto gives it its PF's NUMA node. Netdevs
 // come from the class links; the IOMMU group is read only for vfio-pci.
 //
 // The directory of a function with a netdev is where its netdev's class

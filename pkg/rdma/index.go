@@ -14,7 +14,8 @@ import (
 // (<sys>/class/infiniband, infiniband_verbs, infiniband_mad) link below
 // each PCI function, and which char devices <root>/dev/infiniband has: a
 // node scan reads it once instead of listing three directories below
-// every function. An index read again with Read reuses its memory.
+// every function. The zero ScanIndex is empty; Read fills it, and reuses
+// its memory when it reads it again.
 type ScanIndex struct {
 	devices, verbs, mad pci.ClassLinks
 	nodes               DevNodes
@@ -22,18 +23,9 @@ type ScanIndex struct {
 	nodesList           sysfs.Listing
 }
 
-// ScanIndex reads the class directories with workers goroutines, and
-// lists /dev/infiniband.
-func (r *Reader) ScanIndex(workers int) (*ScanIndex, error) {
-	idx := new(ScanIndex)
-	if err := idx.Read(r, workers); err != nil {
-		return nil, err
-	}
-	return idx, nil
-}
-
-// Read reads idx again from r, reusing the memory of its last reading:
-// what idx handed out before (Nodes) is no longer valid.
+// Read reads idx from r with workers goroutines per class, reusing the
+// memory of its last reading: what idx handed out before (Nodes) is no
+// longer valid.
 func (idx *ScanIndex) Read(r *Reader, workers int) error {
 	var errs [4]error
 	var wg sync.WaitGroup
