@@ -100,6 +100,13 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	// take milliseconds to open, and the plugin's own sockets wait for it.
 	metricsListener := listenAsync(f.metricsAddr)
 	defer metricsListener.close()
+	// The watch comes before the config is read and the node scanned, so
+	// that what changes while the plugin starts is answered once it runs.
+	watch, err := plugin.NewWatch(plugin.Options{KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, ConfigPath: f.config, Log: log})
+	if err != nil {
+		return err
+	}
+	defer watch.Close() // Run closes it too; this is for a start that fails first
 	src, err := plugin.NewSource(f.config, nic.NewScanner(f.hostRoot), log, pool.WithResourcePrefix(f.resourcePrefix))
 	if err != nil {
 		return err
@@ -130,7 +137,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	}
 	m, err := plugin.NewManager(plugin.Options{
 		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, NodeRoot: f.nodeRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
-		ConfigPath: f.config, Scan: scan, Metrics: metrics, Log: log, ReleaseMemory: true, PodResources: held,
+		ConfigPath: f.config, Watch: watch, Scan: scan, Metrics: metrics, Log: log, ReleaseMemory: true, PodResources: held,
 		Serves: servedByDevicePlugin,
 		Links: &plugin.NetlinkLinks{OnError: func(err error) {
 			log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)

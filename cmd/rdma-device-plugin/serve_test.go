@@ -557,9 +557,15 @@ func TestServeStartupErrors(t *testing.T) {
 	require.ErrorContains(t, err, "--metrics-addr "+busy.Addr().String())
 	require.ErrorContains(t, err, "pick a free port, or empty to disable")
 	// The binary exits non-zero and says why.
-	out, err := exec.Command(binary(t), "--config", "/nonexistent/config.json", "--metrics-addr", "").CombinedOutput()
+	out, err := exec.Command(binary(t), "--config", "/nonexistent/config.json", "--kubelet-dir", t.TempDir(), "--metrics-addr", "").CombinedOutput()
 	require.Error(t, err)
 	require.True(t, strings.Contains(string(out), "pool config file does not exist"), string(out))
+	// Its watch of the kubelet directory comes first, before the config
+	// is read.
+	out, err = exec.Command(binary(t), "--host-root", fixture("dgx-h100"), "--config", config("sriov-dp.json"),
+		"--kubelet-dir", filepath.Join(t.TempDir(), "missing"), "--metrics-addr", "").CombinedOutput()
+	require.Error(t, err)
+	require.True(t, strings.Contains(string(out), "mount the kubelet's device-plugins directory or set --kubelet-dir"), string(out))
 }
 
 // The flags the peer plugins' manifests pass are accepted.

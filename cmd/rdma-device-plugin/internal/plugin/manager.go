@@ -3,9 +3,7 @@ package plugin
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -50,10 +48,14 @@ type Options struct {
 	// specs are under it, never under HostRoot, which is a path inside
 	// the plugin's container.
 	NodeRoot   string
-	DevInfoDir string   // "" disables device-info files
-	CDIDir     string   // "" disables CDI
-	ConfigPath string   // watched for changes; "" = not watched
-	Scan       ScanFunc // rescans and config reloads; the first scan is Run's argument
+	DevInfoDir string // "" disables device-info files
+	CDIDir     string // "" disables CDI
+	ConfigPath string // watched for changes; "" = not watched
+	// Watch is the watch of the kubelet directory, the config and /dev,
+	// made by NewWatch before the config was read and the first scan
+	// made (nil: Run makes one). Run closes it.
+	Watch *Watch
+	Scan  ScanFunc // rescans and config reloads; the first scan is Run's argument
 	// Serves picks the pools this Manager serves to the kubelet (nil:
 	// all of them). A pool is served by one API, never both: the pools it
 	// turns down are left to another (a DRA driver), and get no socket,
@@ -166,14 +168,15 @@ func NewManager(opts Options) (*Manager, error) {
 // files and CDI specs. It returns an error only when it cannot start.
 func (m *Manager) Run(ctx context.Context, first Scan) error {
 	scan := first
-	if st, err := os.Stat(m.opts.KubeletDir); err != nil || !st.IsDir() {
-		return fmt.Errorf("kubelet directory %s: not a directory (%v): mount the kubelet's device-plugins directory or set --kubelet-dir", m.opts.KubeletDir, err)
+	w := m.opts.Watch
+	if w == nil {
+		var err error
+		if w, err = NewWatch(m.opts); err != nil {
+			return err
+		}
 	}
-	fw, err := newFileWatch(&m.opts, m.log)
-	if err != nil {
-		return err
-	}
-	defer fw.close()
+	defer w.Close()
+	fw := w.fw
 	defer m.shutdown()
 
 	m.apply(scan)

@@ -112,7 +112,11 @@ func newHarness(t testing.TB, mod func(*Options), pools ...pool.Pool) *harness {
 	return h
 }
 
-func (h *harness) run() {
+func (h *harness) run() { h.runAfter(nil) }
+
+// runAfter is run, calling between (when not nil) between the first scan
+// and Run.
+func (h *harness) runAfter(between func()) {
 	h.t.Helper()
 	m, err := NewManager(h.opts)
 	require.NoError(h.t, err)
@@ -122,6 +126,9 @@ func (h *harness) run() {
 	// The first scan is Run's, as serve.go makes it.
 	first, err := h.opts.Scan(false)
 	require.NoError(h.t, err)
+	if between != nil {
+		between()
+	}
 	go func() { h.errc <- m.Run(ctx, first) }()
 	// What a start puts off until after registration (CDI specs, an
 	// earlier run's leftovers) is done before the tests look.

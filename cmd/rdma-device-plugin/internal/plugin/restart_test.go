@@ -147,6 +147,32 @@ func TestMembershipAndConfigChange(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 }
 
+// A config change while the plugin starts (after its first scan read the
+// config, before Run) is answered: the watch was made before the scan.
+func TestConfigChangeWhileStarting(t *testing.T) {
+	pools := dgxPools(t)
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(cfg, []byte("{}"), 0o644))
+	h := newHarness(t, func(o *Options) { o.ConfigPath = cfg }, pools[0])
+	w, err := NewWatch(h.opts)
+	require.NoError(t, err)
+	h.opts.Watch = w
+	h.runAfter(func() {
+		h.src.set(pools[0], pools[1])
+		require.NoError(t, os.WriteFile(cfg, []byte(`{"changed":true}`), 0o644))
+	})
+	h.registered("mellanox.com/rails")
+	h.registered("mellanox.com/storage")
+	w.Close() // Run closed it already: a second Close does nothing
+}
+
+// NewWatch refuses a kubelet directory that is not there, saying what to
+// mount, as Run did before the watch moved ahead of the first scan.
+func TestWatchNeedsKubeletDir(t *testing.T) {
+	_, err := NewWatch(Options{KubeletDir: filepath.Join(t.TempDir(), "missing"), HostRoot: t.TempDir()})
+	require.ErrorContains(t, err, "mount the kubelet's device-plugins directory or set --kubelet-dir")
+}
+
 func TestPeriodicRescan(t *testing.T) {
 	pools := dgxPools(t)
 	h := newHarness(t, nil)

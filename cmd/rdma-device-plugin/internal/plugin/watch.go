@@ -3,8 +3,10 @@ package plugin
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/fsnotify/fsnotify"
 
@@ -40,6 +42,9 @@ const (
 )
 
 func newFileWatch(opts *Options, log *slog.Logger) (*fileWatch, error) {
+	if st, err := os.Stat(opts.KubeletDir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("kubelet directory %s: not a directory (%v): mount the kubelet's device-plugins directory or set --kubelet-dir", opts.KubeletDir, err)
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", opts.KubeletDir, err)
@@ -72,6 +77,35 @@ func newFileWatch(opts *Options, log *slog.Logger) (*fileWatch, error) {
 func (f *fileWatch) watchIB() { _ = f.w.Add(f.ibDir) }
 
 func (f *fileWatch) close() { f.w.Close() }
+
+// Watch is a Manager's watch of the files it answers (see fileWatch), set
+// up before the config is read and the node first scanned: a change to
+// either while the plugin starts is then an event Run answers. Without
+// it, a config change in that window went unnoticed until the next one,
+// and RDMA devices still appearing while a booting node loads its
+// drivers until the next periodic rescan.
+type Watch struct {
+	fw   *fileWatch
+	once sync.Once
+}
+
+// NewWatch watches what a Manager with opts answers: opts.KubeletDir,
+// the directory of opts.ConfigPath and <opts.HostRoot>/dev. Pass it as
+// Options.Watch, and Run closes it; close it when Run is not called.
+func NewWatch(opts Options) (*Watch, error) {
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	fw, err := newFileWatch(&opts, log)
+	if err != nil {
+		return nil, err
+	}
+	return &Watch{fw: fw}, nil
+}
+
+// Close stops the watch; it may be called more than once.
+func (w *Watch) Close() { w.once.Do(w.fw.close) }
 
 // classify says what ev means; own reports whether a path is one of the
 // plugin's sockets.
