@@ -139,8 +139,10 @@ func (l *Listing) List(d Dir, name string) ([]string, error) {
 // reuse hands out the strings of an earlier listing of a directory to a
 // new one. A kernel lists an unchanged directory in the same order each
 // time, so the new listing's names are compared with the earlier ones in
-// step: a name added or removed costs the names after it their string
-// only until the two line up again.
+// step. A name added, or one removed between two that are still there,
+// costs nothing more; after two adjacent names removed, the names that
+// follow are made anew. Either way the listing is right, only the reuse
+// stops.
 type reuse struct {
 	prev []string
 	next int  // where in prev the next name is looked for
