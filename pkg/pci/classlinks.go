@@ -124,10 +124,11 @@ func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(nam
 	r.owners = owners
 	var paths, prevPaths []string // with dirs, each entry's owner's directory
 	if dirs {
-		r.prevPaths, r.paths = r.paths, r.prevPaths
-		paths = resize(r.paths, len(names))
+		// The last reading's directories become prevPaths; its older
+		// array holds this reading's.
+		r.paths, r.prevPaths = resize(r.prevPaths, len(names)), r.paths
+		paths, prevPaths = r.paths, r.prevPaths
 		clear(paths)
-		r.paths, prevPaths = paths, r.prevPaths
 	}
 	// shared[i] is the index of the listed entry whose owner names[i]
 	// takes, or -1 to read its own link.
