@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,7 +112,9 @@ func BenchmarkDaemonRSS(b *testing.B) {
 // the percentiles of the wall time it reports the medians of what the
 // kernel accounts to the daemon's threads by then (/proc/<pid>/task/*/
 // schedstat): oncpu-ms, the time they ran, and runq-ms, the time they were
-// runnable but waited for a CPU.
+// runnable but waited for a CPU; and faults, the process's minor page
+// faults by then (/proc/<pid>/stat), each a first touch of a page
+// (internal/floor's BenchmarkPageFault says what one costs here).
 func BenchmarkDaemonStart(b *testing.B) {
 	binary(b)
 	for _, tc := range []struct {
@@ -139,6 +142,7 @@ func BenchmarkDaemonStart(b *testing.B) {
 			d.stop()
 			lat := make(latency.Samples, 0, b.N)
 			var oncpu, runq latency.Samples
+			var faults []int64
 			start1 := func() {
 				drain(d)
 				start := time.Now()
@@ -153,7 +157,12 @@ func BenchmarkDaemonStart(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+				minflt, err := minorFaults(d.cmd.Process.Pid)
+				if err != nil {
+					b.Fatal(err)
+				}
 				oncpu, runq = append(oncpu, run), append(runq, wait)
+				faults = append(faults, minflt)
 				d.stop()
 			}
 			b.ResetTimer()
@@ -170,6 +179,8 @@ func BenchmarkDaemonStart(b *testing.B) {
 			lat.Report(b)
 			b.ReportMetric(float64(oncpu.Percentile(50).Microseconds())/1e3, "oncpu-ms")
 			b.ReportMetric(float64(runq.Percentile(50).Microseconds())/1e3, "runq-ms")
+			slices.Sort(faults)
+			b.ReportMetric(float64(faults[(len(faults)-1)/2]), "faults")
 		})
 	}
 }
@@ -221,6 +232,26 @@ func schedStat(pid int) (run, wait time.Duration, err error) {
 		wait += time.Duration(w)
 	}
 	return run, wait, nil
+}
+
+// minorFaults is the minor page faults of process pid, all its threads
+// (field 10 of /proc/<pid>/stat).
+func minorFaults(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces
+	// and parentheses: the fields after it follow the last ')'.
+	i := strings.LastIndex(string(b), ") ")
+	var fields []string
+	if i >= 0 {
+		fields = strings.Fields(string(b[i+2:]))
+	}
+	if len(fields) < 8 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q: no minflt field", pid, b)
+	}
+	return strconv.ParseInt(fields[7], 10, 64)
 }
 
 // minStarts is how many starts BenchmarkDaemonStart makes at least.
