@@ -46,7 +46,8 @@ func run(in io.Reader, out, errOut io.Writer) error {
 			pkg = strings.TrimPrefix(line, "pkg: ")
 			continue
 		case strings.HasPrefix(line, "cpu: "):
-			cpu = strings.TrimPrefix(line, "cpu: ")
+			// Go pads the model name as the kernel gives it.
+			cpu = strings.TrimSpace(strings.TrimPrefix(line, "cpu: "))
 			continue
 		case strings.HasPrefix(line, "Benchmark"):
 			if r, ok := parse(line); ok {
