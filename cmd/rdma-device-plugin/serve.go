@@ -100,9 +100,15 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	// take milliseconds to open, and the plugin's own sockets wait for it.
 	metricsListener := listenAsync(f.metricsAddr)
 	defer metricsListener.close()
+	// One set of options for the watch and the manager, so that both
+	// look at the same kubelet directory, config and host.
+	opts := plugin.Options{
+		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, NodeRoot: f.nodeRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
+		ConfigPath: f.config, Log: log,
+	}
 	// The watch comes before the config is read and the node scanned, so
 	// that what changes while the plugin starts is answered once it runs.
-	watch, err := plugin.NewWatch(plugin.Options{KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, ConfigPath: f.config, Log: log})
+	watch, err := plugin.NewWatch(opts)
 	if err != nil {
 		return err
 	}
@@ -135,14 +141,16 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	if f.podResources != "" {
 		held = plugin.KubeletPodResources{Socket: f.podResources}
 	}
-	m, err := plugin.NewManager(plugin.Options{
-		KubeletDir: f.kubeletDir, HostRoot: f.hostRoot, NodeRoot: f.nodeRoot, DevInfoDir: f.devInfoDir, CDIDir: f.cdiDir,
-		ConfigPath: f.config, Watch: watch, Scan: scan, Metrics: metrics, Log: log, ReleaseMemory: true, PodResources: held,
-		Serves: servedByDevicePlugin,
-		Links: &plugin.NetlinkLinks{OnError: func(err error) {
-			log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)
-		}},
-	})
+	opts.Watch = watch
+	opts.Scan = scan
+	opts.Metrics = metrics
+	opts.PodResources = held
+	opts.ReleaseMemory = true
+	opts.Serves = servedByDevicePlugin
+	opts.Links = &plugin.NetlinkLinks{OnError: func(err error) {
+		log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)
+	}}
+	m, err := plugin.NewManager(opts)
 	if err != nil {
 		return err
 	}
