@@ -106,7 +106,9 @@ func BenchmarkDaemonRSS(b *testing.B) {
 // one discovery floor pass over the 1024-VF host before it serves
 // (package internal/floor; the VFs are found by a scan in the benchmark's
 // process): the least a plugin that reads that host before registering
-// takes.
+// takes, given the names of every VF's entries. host=vfs1024/floor+list
+// adds what it takes to learn them: regfloor -list lists the bus and the
+// four class directories first.
 //
 // On a shared machine the wall time includes waiting for a CPU. Beside
 // the percentiles of the wall time it reports the medians of what the
@@ -121,11 +123,13 @@ func BenchmarkDaemonStart(b *testing.B) {
 		name  string
 		host  func(*testing.B) string
 		floor bool
+		list  bool
 	}{
-		{"host=dgx", func(*testing.B) string { return fixture("dgx-h100") }, false},
-		{"host=vfs1024", largeHost, false},
-		{"host=none/floor", nil, true},
-		{"host=vfs1024/floor", largeHost, true},
+		{"host=dgx", func(*testing.B) string { return fixture("dgx-h100") }, false, false},
+		{"host=vfs1024", largeHost, false, false},
+		{"host=none/floor", nil, true, false},
+		{"host=vfs1024/floor", largeHost, true, false},
+		{"host=vfs1024/floor+list", largeHost, true, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			host := ""
@@ -134,7 +138,7 @@ func BenchmarkDaemonStart(b *testing.B) {
 			}
 			var d *daemon
 			if tc.floor {
-				d = startRegFloor(b, host)
+				d = startRegFloor(b, host, tc.list)
 			} else {
 				d = startDaemonWith(b, daemonOpts{host: host, config: config("combined.json"), hostNetns: true})
 			}
@@ -187,8 +191,9 @@ func BenchmarkDaemonStart(b *testing.B) {
 
 // startRegFloor starts test/regfloor for soakPools against a kubelet
 // stub, as startDaemonWith starts the daemon; with a host, it makes a
-// discovery floor pass over the host's VFs first.
-func startRegFloor(b *testing.B, host string) *daemon {
+// discovery floor pass over the host's VFs first, after the listings if
+// list.
+func startRegFloor(b *testing.B, host string, list bool) *daemon {
 	b.Helper()
 	d := &daemon{t: b, dir: filepath.Join(b.TempDir(), "kubelet"), log: &syncBuffer{}}
 	d.startStub()
@@ -199,12 +204,15 @@ func startRegFloor(b *testing.B, host string) *daemon {
 		vfs, err := fromnic.VFs(snap)
 		require.NoError(b, err)
 		require.NotEmpty(b, vfs)
-		list := filepath.Join(b.TempDir(), "vfs")
-		f, err := os.Create(list)
+		vfsFile := filepath.Join(b.TempDir(), "vfs")
+		f, err := os.Create(vfsFile)
 		require.NoError(b, err)
 		require.NoError(b, floor.Write(f, vfs))
 		require.NoError(b, f.Close())
-		d.argv = append(d.argv, "-root", host, "-vfs", list)
+		d.argv = append(d.argv, "-root", host, "-vfs", vfsFile)
+		if list {
+			d.argv = append(d.argv, "-list")
+		}
 	}
 	d.argv = append(d.argv, d.dir)
 	d.argv = append(d.argv, soakPools...)

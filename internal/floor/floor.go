@@ -5,7 +5,9 @@
 // from as many threads as there are CPUs, with nothing parsed or kept.
 // Per VF: read its uevent, readlink its physfn and its PF's virtfnN,
 // readlink its four class entries (net, infiniband, infiniband_verbs,
-// infiniband_mad) and read its port's link_layer.
+// infiniband_mad) and read its port's link_layer. Per host (Listings):
+// list the bus's functions and those four class directories, where a scan
+// learns the names the per-VF calls use.
 //
 // BenchmarkDiscover of pkg/nic sets a scan against it, and test/regfloor
 // makes it before registering, which is the floor of the device plugin's
@@ -47,12 +49,30 @@ const (
 
 var dirNames = [numDirs]string{"bus/pci/devices", "class/net", "class/infiniband", "class/infiniband_verbs", "class/infiniband_mad"}
 
-// Op is one system call of a pass: a readlink, or an open, read and
-// close.
+// The kinds of Op.
+const (
+	opReadlink = iota
+	opRead     // open, read, close
+	opList     // open, getdents to the end, close
+)
+
+// Op is one system call of a pass: a readlink, an open, read and close,
+// or the listing of a directory.
 type Op struct {
 	dir  int
 	name string
-	read bool
+	kind int
+}
+
+// Listings are the directories a pass lists: the functions on the bus and
+// the four classes' devices. Their names are what a scan learns there and
+// Ops takes as known; a pass that lists makes them first.
+func Listings() []Op {
+	ops := make([]Op, numDirs)
+	for i := range ops {
+		ops[i] = Op{dir: i, name: ".", kind: opList}
+	}
+	return ops
 }
 
 // Ops are the system calls of a pass over vfs, made in the order given.
@@ -60,11 +80,11 @@ func Ops(vfs []VF) []Op {
 	ops := make([]Op, 0, 8*len(vfs))
 	for _, v := range vfs {
 		ops = append(ops,
-			Op{dirBus, v.Address + "/uevent", true},
-			Op{dirBus, v.Address + "/physfn", false},
-			Op{dirBus, v.PF + "/virtfn" + strconv.Itoa(v.Index), false},
-			Op{dirNet, v.Netdev, false}, Op{dirIB, v.RDMA, false}, Op{dirVerbs, v.Uverbs, false}, Op{dirMad, v.Umad, false},
-			Op{dirBus, v.Address + "/infiniband/" + v.RDMA + "/ports/" + strconv.Itoa(v.Port) + "/link_layer", true},
+			Op{dirBus, v.Address + "/uevent", opRead},
+			Op{dirBus, v.Address + "/physfn", opReadlink},
+			Op{dirBus, v.PF + "/virtfn" + strconv.Itoa(v.Index), opReadlink},
+			Op{dirNet, v.Netdev, opReadlink}, Op{dirIB, v.RDMA, opReadlink}, Op{dirVerbs, v.Uverbs, opReadlink}, Op{dirMad, v.Umad, opReadlink},
+			Op{dirBus, v.Address + "/infiniband/" + v.RDMA + "/ports/" + strconv.Itoa(v.Port) + "/link_layer", opRead},
 		)
 	}
 	return ops
@@ -116,20 +136,10 @@ func (p *Pass) Run(ops []Op, threads int) error {
 		wg.Go(func() {
 			buf := make([]byte, 512)
 			for _, o := range part {
-				if !o.read {
-					if _, err := unix.Readlinkat(p.dirs[o.dir], o.name, buf); err != nil {
-						errs[t] = fmt.Errorf("readlink %s/%s: %w", dirNames[o.dir], o.name, err)
-						return
-					}
-					continue
-				}
-				fd, err := unix.Openat(p.dirs[o.dir], o.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-				if err != nil {
-					errs[t] = fmt.Errorf("open %s/%s: %w", dirNames[o.dir], o.name, err)
+				if err := p.do(o, &buf); err != nil {
+					errs[t] = err
 					return
 				}
-				unix.Read(fd, buf)
-				unix.Close(fd)
 			}
 		})
 	}
@@ -140,6 +150,42 @@ func (p *Pass) Run(ops []Op, threads int) error {
 		}
 	}
 	return nil
+}
+
+// do makes o with *buf, which a listing grows to a directory read's size.
+func (p *Pass) do(o Op, buf *[]byte) error {
+	switch o.kind {
+	case opReadlink:
+		if _, err := unix.Readlinkat(p.dirs[o.dir], o.name, *buf); err != nil {
+			return fmt.Errorf("readlink %s/%s: %w", dirNames[o.dir], o.name, err)
+		}
+		return nil
+	case opRead:
+		fd, err := unix.Openat(p.dirs[o.dir], o.name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s/%s: %w", dirNames[o.dir], o.name, err)
+		}
+		unix.Read(fd, *buf)
+		unix.Close(fd)
+		return nil
+	}
+	fd, err := unix.Openat(p.dirs[o.dir], o.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", dirNames[o.dir], err)
+	}
+	defer unix.Close(fd)
+	if len(*buf) < 8192 {
+		*buf = make([]byte, 8192)
+	}
+	for {
+		n, err := unix.Getdents(fd, *buf)
+		if err != nil {
+			return fmt.Errorf("list %s: %w", dirNames[o.dir], err)
+		}
+		if n == 0 {
+			return nil
+		}
+	}
 }
 
 // Write writes vfs one per line, for Read in another process.

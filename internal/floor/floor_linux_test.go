@@ -47,6 +47,23 @@ func TestPassReadsEveryEntry(t *testing.T) {
 	require.ErrorContains(t, err, "readlink class/infiniband_mad/"+last.Umad)
 }
 
+func TestListingsListEveryDirectory(t *testing.T) {
+	root, _ := generated(t)
+	ops := floor.Listings()
+	require.Len(t, ops, 5)
+	p, err := floor.Open(root)
+	require.NoError(t, err)
+	defer p.Close()
+	for _, threads := range []int{0, 1, 2, 10} {
+		require.NoError(t, p.Run(ops, threads), "threads=%d", threads)
+	}
+
+	// A directory gone since Open is an error naming it.
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "sys/class/infiniband_verbs")))
+	err = p.Run(ops, 2)
+	require.ErrorContains(t, err, "list class/infiniband_verbs")
+}
+
 func TestOpenNamesAMissingDirectory(t *testing.T) {
 	root, _ := generated(t)
 	require.NoError(t, os.RemoveAll(filepath.Join(root, "sys/class/infiniband_verbs")))

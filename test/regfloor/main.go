@@ -10,9 +10,11 @@
 // makes one discovery floor pass (package internal/floor) over the VFs
 // listed in that file (written by floor.Write) below -root, which is the
 // least a plugin that reads the node before it registers does on a large
-// host.
+// host. With -list too, the pass first lists the bus and the four class
+// directories (floor.Listings), where a plugin learns the names that -vfs
+// gives.
 //
-//	regfloor [-root DIR -vfs FILE] <kubelet-dir> <resource>...
+//	regfloor [-root DIR -vfs FILE [-list]] <kubelet-dir> <resource>...
 package main
 
 import (
@@ -43,13 +45,18 @@ type server struct {
 func main() {
 	root := flag.String("root", "/", "the host root -vfs is read below")
 	vfs := flag.String("vfs", "", "make a discovery floor pass over the VFs in this file first")
+	list := flag.Bool("list", false, "with -vfs: list the bus and class directories first")
 	flag.Parse()
 	if flag.NArg() < 2 {
-		fmt.Fprintln(os.Stderr, "usage: regfloor [-root DIR -vfs FILE] <kubelet-dir> <resource>...")
+		fmt.Fprintln(os.Stderr, "usage: regfloor [-root DIR -vfs FILE [-list]] <kubelet-dir> <resource>...")
+		os.Exit(2)
+	}
+	if *list && *vfs == "" {
+		fmt.Fprintln(os.Stderr, "regfloor: -list needs -vfs")
 		os.Exit(2)
 	}
 	if *vfs != "" {
-		if err := discover(*root, *vfs); err != nil {
+		if err := discover(*root, *vfs, *list); err != nil {
 			fmt.Fprintln(os.Stderr, "regfloor:", err)
 			os.Exit(1)
 		}
@@ -60,8 +67,9 @@ func main() {
 	}
 }
 
-// discover makes one floor pass over the VFs listed in file.
-func discover(root, file string) error {
+// discover makes one floor pass over the VFs listed in file, after the
+// listings if list.
+func discover(root, file string, list bool) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return err
@@ -76,6 +84,11 @@ func discover(root, file string) error {
 		return err
 	}
 	defer p.Close()
+	if list {
+		if err := p.Run(floor.Listings(), runtime.GOMAXPROCS(0)); err != nil {
+			return err
+		}
+	}
 	return p.Run(floor.Ops(vfs), runtime.GOMAXPROCS(0))
 }
 
