@@ -190,10 +190,8 @@ func checkCharDevices(hostRoot string, pools []pool.Pool) error {
 				continue
 			}
 			want++
-			for _, c := range d.CharDevices {
-				if c.Kind == rdma.KindUverbs {
-					return nil
-				}
+			if d.HasUverbs() {
+				return nil
 			}
 		}
 	}

@@ -60,6 +60,19 @@ func (d *Device) IsVF() bool { return d.PFAddress != "" }
 // IsVFIO reports whether d is bound to vfio-pci.
 func (d *Device) IsVFIO() bool { return d.Driver == pci.DriverVFIO }
 
+// HasUverbs reports whether one of d's char devices is its uverbs, what
+// a verbs application (NCCL) opens: without it an RDMA device hands out
+// nothing usable (ib_uverbs not loaded, a driver reloading, a /dev that
+// is not the node's).
+func (d *Device) HasUverbs() bool {
+	for _, c := range d.CharDevices {
+		if c.Kind == rdma.KindUverbs {
+			return true
+		}
+	}
+	return false
+}
+
 // CharDevicePaths are the host paths of d's CharDevices.
 func (d *Device) CharDevicePaths() []string {
 	out := make([]string, len(d.CharDevices))

@@ -251,6 +251,35 @@ func TestHealthFromLinkEvents(t *testing.T) {
 	e.waitSlices(t, "netdev gone after unprepare", func(d map[string]resourceapi.Device) bool { return len(tainted(d)) == 1 })
 }
 
+// A VF whose RDMA device has no uverbs under /dev (ib_uverbs reloading,
+// a node's /dev not mounted) is published tainted, as the device plugin
+// marks it unhealthy, instead of being allocated and failing Prepare.
+func TestVFWithoutUverbsIsTainted(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, os.CopyFS(root, os.DirFS(fixtureRoot("dgx-h100"))))
+	require.NoError(t, os.Remove(filepath.Join(root, "dev/infiniband/uverbs14"))) // rail 0's first VF's
+	e := newTestEnv(t, root, "dra.json")
+	d := e.start(t)
+	devs := e.waitSlices(t, "32 VFs", func(d map[string]resourceapi.Device) bool { return len(d) == 32 })
+	require.Equal(t, []string{dra.DeviceName(rail0vf0) + ":" + dra.ReasonNoUverbs}, tainted(devs))
+
+	reports := make(chan kubeletplugin.DeviceHealthReport, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = d.WatchHealthStatus(ctx, reports) }()
+	var unhealthy []string
+	for _, h := range (<-reports).Devices {
+		if h.Health == kubeletplugin.HealthStatusUnhealthy {
+			unhealthy = append(unhealthy, h.DeviceName+":"+h.Message)
+		}
+	}
+	require.Equal(t, []string{dra.DeviceName(rail0vf0) + ":" + dra.ReasonNoUverbs}, unhealthy)
+
+	k := e.register(t)
+	c := e.claim(t, "x", vf("nic", rail0vf0))
+	require.Contains(t, k.prepare(t, c)[string(c.UID)].Error, "is ib_uverbs loaded?")
+}
+
 // An API server without DRADeviceTaints drops the taints; the driver sees
 // it (the ResourceSlice controller reports the dropped fields) and leaves
 // unhealthy VFs out instead.

@@ -22,6 +22,7 @@ type LinkSource interface {
 const (
 	ReasonPFLinkDown = "pf-link-down"
 	ReasonNetdevGone = "netdev-gone"
+	ReasonNoUverbs   = "no-uverbs"
 )
 
 // healthResend is how often the kubelet is told the devices' health when
@@ -50,12 +51,16 @@ func (d *Driver) healthLocked(e *entry) health {
 	return healthView{links: d.links, inUse: d.inUse, hostRoot: d.opts.HostRoot}.health(e)
 }
 
-// health decides a VF's health by the device plugin's rule: a PF that is
-// oper-down or gone takes its VFs down with it; a VF whose netdev left the
-// host netns is unusable unless it is prepared for a claim (the CNI moved
-// it into the pod) and its PCI function still exists. Interfaces netlink
-// never mentioned count as up.
+// health decides a VF's health by the device plugin's rule: a VF whose
+// RDMA device has no uverbs under /dev hands out nothing NCCL can open
+// (Prepare refuses it); a PF that is oper-down or gone takes its VFs down
+// with it; a VF whose netdev left the host netns is unusable unless it is
+// prepared for a claim (the CNI moved it into the pod) and its PCI
+// function still exists. Interfaces netlink never mentioned count as up.
 func (v healthView) health(e *entry) health {
+	if e.dev.RDMADevice != "" && !e.dev.IsVFIO() && !e.dev.HasUverbs() {
+		return health{reason: ReasonNoUverbs}
+	}
 	if n := e.dev.PFNetdev; n != "" {
 		if st, ok := v.links[n]; ok && (!st.up || st.deleted) {
 			return health{reason: ReasonPFLinkDown}

@@ -82,7 +82,7 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 					c.Namespace, c.Name, e.dev.PCIAddress, other.Namespace, other.Name, uid)
 			}
 		}
-		if !e.dev.IsVFIO() && !slices.ContainsFunc(e.dev.CharDevices, func(c rdma.CharDevice) bool { return c.Kind == rdma.KindUverbs }) {
+		if !e.dev.IsVFIO() && !e.dev.HasUverbs() {
 			return nil, fmt.Errorf("claim %s/%s: VF %s (%s) has no RDMA char devices under %s (is ib_uverbs loaded?)", c.Namespace, c.Name, e.dev.PCIAddress, e.dev.RDMADevice, rdma.DevDir)
 		}
 		id := CDIDeviceID(e.dev.PCIAddress)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
-	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
 // linkState is what netlink last told about an interface.
@@ -61,7 +60,7 @@ func (m *Manager) healthy(d *nic.Device) bool {
 	// A function with an RDMA device whose uverbs is not under /dev (the
 	// driver is reloading, or /dev is not the node's) hands out nothing
 	// NCCL can open.
-	if d.RDMADevice != "" && !d.IsVFIO() && !hasUverbs(d) {
+	if d.RDMADevice != "" && !d.IsVFIO() && !d.HasUverbs() {
 		return false
 	}
 	if d.PFNetdev != "" {
@@ -157,13 +156,4 @@ func (m *Manager) isAllocated(id string) bool {
 	m.allocMu.Lock()
 	defer m.allocMu.Unlock()
 	return m.allocated[id]
-}
-
-func hasUverbs(d *nic.Device) bool {
-	for _, c := range d.CharDevices {
-		if c.Kind == rdma.KindUverbs {
-			return true
-		}
-	}
-	return false
 }
