@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"sort"
 	"strconv"
@@ -41,10 +42,20 @@ type poolReport struct {
 	AllocationPolicy string   `json:"allocationPolicy,omitempty"`
 }
 
+// defaultHostRoot is the --host-root of discover and doctor when none is
+// given: $FASTPATH_HOST_ROOT, which the plugin's container sets to where
+// the node's /sys and /dev are (its own /dev has no /dev/infiniband), or /.
+func defaultHostRoot() string {
+	if v := os.Getenv("FASTPATH_HOST_ROOT"); v != "" {
+		return v
+	}
+	return "/"
+}
+
 func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("discover", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	hostRoot := fs.String("host-root", "/", "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev)")
+	hostRoot := fs.String("host-root", defaultHostRoot(), "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev); default $FASTPATH_HOST_ROOT or /")
 	configPath := fs.String("config", "", "pool config file (configList and/or resourceList JSON); empty shows devices only")
 	fs.StringVar(configPath, "config-file", "", "the same as --config")
 	prefix := fs.String("resource-prefix", pool.DefaultExclusivePrefix, "resource prefix of resourceList pools that give none (configList pools: "+pool.DefaultSharedPrefix+")")

@@ -25,6 +25,27 @@ func discoverJSON(t *testing.T, args ...string) map[string]any {
 	return v
 }
 
+// In the plugin's container, discover reads the node where the DaemonSet
+// mounts it ($FASTPATH_HOST_ROOT), not the container's own /dev, which has
+// no /dev/infiniband: every device would look like it lacks its char
+// devices.
+func TestDiscoverDefaultsToFastpathHostRoot(t *testing.T) {
+	t.Setenv("FASTPATH_HOST_ROOT", fixture("dgx-h100"))
+	v := discoverJSON(t)
+	devices := v["devices"].([]any)
+	require.Len(t, devices, 8+32+4)
+	for _, d := range devices {
+		m := d.(map[string]any)
+		if m["pciAddress"] == "0000:18:00.1" {
+			require.NotEmpty(t, m["charDevices"], "char devices read below $FASTPATH_HOST_ROOT")
+		}
+	}
+	// An explicit --host-root wins.
+	var out, errs bytes.Buffer
+	err := run(context.Background(), []string{"discover", "--host-root", "/nonexistent-host"}, &out, &errs)
+	require.ErrorContains(t, err, "/nonexistent-host")
+}
+
 func TestDiscoverJSONShape(t *testing.T) {
 	v := discoverJSON(t, "--host-root", fixture("dgx-h100"), "--config", config("combined.json"))
 

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -45,10 +44,7 @@ Exit status: 0 all ok, 1 warnings only, 2 any failure (or bad usage).
 func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	defRoot := "/"
-	if v := os.Getenv("FASTPATH_HOST_ROOT"); v != "" {
-		defRoot = v // the plugin's container sets it to where the node's /sys and /dev are
-	}
+	defRoot := defaultHostRoot()
 	hostRoot := fs.String("host-root", defRoot, "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev); default $FASTPATH_HOST_ROOT or /")
 	configPath := fs.String("config", defaultConfig, "pool config file; when the default is missing, the checks cover every Mellanox function")
 	kubeletDir := fs.String("kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (empty: skip the kubelet checks)")
