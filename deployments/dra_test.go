@@ -105,6 +105,12 @@ func TestKustomizeDRA(t *testing.T) {
 				served[r.ResourceName()] = r.ServedBy
 			}
 			require.Equal(t, map[string]string{sharedResource: pool.ServedByDevicePlugin, sriovResource: pool.ServedByDRA}, served)
+			// No NetworkAttachmentDefinition left naming a resource the
+			// device plugin does not advertise: its pods would stay Pending.
+			for _, n := range m.nads {
+				r := n.Annotations["k8s.v1.cni.cncf.io/resourceName"]
+				require.Equal(t, pool.ServedByDevicePlugin, served[r], "NAD %s names %q, which the device plugin does not serve", n.Name, r)
+			}
 
 			// RBAC: what the kubeletplugin helper calls, for this service account.
 			require.Len(t, m.clusterRoles, 1)
