@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/testnet"
 )
@@ -224,10 +225,16 @@ func registeredAgain(d *daemon, timeout time.Duration) error {
 }
 
 // leftovers are the files a stopped plugin left: anything but kubelet.sock
-// in the kubelet directory, anything in the device-info and CDI
-// directories.
+// in the kubelet directory, anything in the device-info directory, and
+// anything in the CDI directory but the specs of the pools it serves,
+// which stay for containers restarted while no plugin runs.
 func leftovers(t *testing.T, d *daemon) []string {
 	var out []string
+	kept := map[string]bool{}
+	for _, r := range soakPools {
+		prefix, name, _ := strings.Cut(r, "/")
+		kept[filepath.Base(plugin.CDISpecPath(d.cdi, prefix, name))] = true
+	}
 	for _, dir := range []string{d.dir, d.devinfo, d.cdi} {
 		ents, err := os.ReadDir(dir)
 		if os.IsNotExist(err) {
@@ -235,7 +242,7 @@ func leftovers(t *testing.T, d *daemon) []string {
 		}
 		require.NoError(t, err)
 		for _, e := range ents {
-			if dir == d.dir && e.Name() == "kubelet.sock" {
+			if (dir == d.dir && e.Name() == "kubelet.sock") || (dir == d.cdi && kept[e.Name()] && e.Type().IsRegular()) {
 				continue
 			}
 			out = append(out, filepath.Join(dir, e.Name()))

@@ -65,16 +65,14 @@ func (m *Manager) removeLeftovers() {
 	}
 }
 
-// shutdown stops every server and removes what the plugin wrote.
+// shutdown stops every server and removes its socket and the device-info
+// files. The CDI specs stay: the kubelet hands a restarting container the
+// CDI names its Allocate got, and the runtime resolves them from the specs
+// on disk, also while no plugin runs (a rollout, a config that does not
+// load). The next start removes the specs of pools it no longer serves.
 func (m *Manager) shutdown() {
-	for r, s := range m.servers {
+	for _, s := range m.servers {
 		s.stop()
-		if m.cdi != nil {
-			p := m.pools[r]
-			if err := m.cdi.remove(p.Prefix, p.Name); err != nil {
-				m.log.Warn("remove CDI spec", "resource", r, "err", err)
-			}
-		}
 	}
 	if m.cdi != nil {
 		if err := m.cdi.removeStaging(); err != nil {
@@ -84,5 +82,5 @@ func (m *Manager) shutdown() {
 	if err := m.devInfo.removeAll(); err != nil {
 		m.log.Warn("remove device-info files", "err", err)
 	}
-	m.log.Info("stopped; sockets, device-info files and CDI specs removed")
+	m.log.Info("stopped; sockets and device-info files removed, CDI specs kept for restarting containers")
 }
