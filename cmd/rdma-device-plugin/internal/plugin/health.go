@@ -16,8 +16,11 @@ type linkState struct {
 	deleted bool
 }
 
-// linkEvent records a link change and refreshes health.
-func (m *Manager) linkEvent(ev LinkEvent) {
+// linkEvent records a link change and refreshes health. It reports
+// whether the host should be scanned again: the netdev of a VF that the
+// last scan found without one appeared (its pod ended, and this run never
+// saw it in the host netns).
+func (m *Manager) linkEvent(ev LinkEvent) (rescan bool) {
 	old, known := m.links[ev.Name]
 	st := linkState{up: ev.Up && !ev.Deleted, deleted: ev.Deleted}
 	if !m.watched[ev.Name] {
@@ -28,10 +31,10 @@ func (m *Manager) linkEvent(ev LinkEvent) {
 		// pool's device list on each of their events.
 		if ev.Deleted {
 			delete(m.links, ev.Name)
-		} else {
-			m.links[ev.Name] = st
+			return false
 		}
-		return
+		m.links[ev.Name] = st
+		return !known && len(m.noNetdev) > 0 && m.noNetdev[m.pciOfNetdev(ev.Name)]
 	}
 	m.links[ev.Name] = st
 	if known && old == st {
@@ -48,6 +51,17 @@ func (m *Manager) linkEvent(ev LinkEvent) {
 		p := m.pools[r]
 		m.updateServer(r, s, s.served(), buildSlots(&p, m.healthy), "link "+ev.Name)
 	}
+	return false
+}
+
+// pciOfNetdev is the PCI address of the function behind netdev name ("":
+// none, as for a veth), from its device link in the host's sysfs.
+func (m *Manager) pciOfNetdev(name string) string {
+	target, err := os.Readlink(filepath.Join(m.opts.HostRoot, "sys", "class", "net", name, "device"))
+	if err != nil {
+		return ""
+	}
+	return filepath.Base(target)
 }
 
 // healthy decides a function's health from the last scan and link events:

@@ -29,6 +29,10 @@ type Scan struct {
 	RDMACM string
 	// Interval is the periodic rescan interval; 0 turns it off.
 	Interval time.Duration
+	// NoNetdev are the VFs bound to a netdev driver that the scan found
+	// without a netdev, by PCI address (in a pod since before this run,
+	// or not up yet): their netdev appearing calls for a rescan.
+	NoNetdev map[string]bool
 }
 
 // ScanFunc scans the host and builds the pools. reloadConfig asks it to
@@ -103,7 +107,9 @@ type Manager struct {
 	// the kubelet (nil: unknown); heldFailed says the last ask failed.
 	held       map[string]bool
 	heldFailed bool
-	interval   time.Duration
+	// noNetdev is the last scan's Scan.NoNetdev.
+	noNetdev map[string]bool
+	interval time.Duration
 	// kubelet is the identity of the kubelet.sock we registered with.
 	kubelet fileID
 	// kubeletGone is set by a Remove event of kubelet.sock: the next one
@@ -218,7 +224,8 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 	settle.Stop()
 	defer settle.Stop()
 	// A driver reload removes and creates every char device: a burst,
-	// answered with one rescan.
+	// answered with one rescan; so is a VF's netdev that the last scan
+	// missed appearing (linkEvent).
 	devSettle := time.NewTimer(time.Hour)
 	devSettle.Stop()
 	defer devSettle.Stop()
@@ -254,7 +261,9 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 				}
 				continue
 			}
-			m.linkEvent(ev)
+			if m.linkEvent(ev) {
+				devSettle.Reset(devSettleDelay)
+			}
 		case <-ticker.c():
 			m.rescan(ctx, false, ticker)
 		case <-settle.C:
@@ -310,6 +319,7 @@ func (m *Manager) apply(scan Scan) {
 		}
 	}
 	m.rdmaCM = scan.RDMACM
+	m.noNetdev = scan.NoNetdev
 	for r, s := range m.servers {
 		if _, ok := next[r]; ok {
 			continue

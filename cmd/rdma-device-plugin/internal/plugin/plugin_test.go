@@ -21,6 +21,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
@@ -670,4 +671,48 @@ func numa(d *pluginapi.Device) []int64 {
 		out = append(out, n.ID)
 	}
 	return out
+}
+
+// A VF in a pod since before this run (rdmaIsolation: its netdev and RDMA
+// device out of the host's sysfs) is left out of the pool that asks for
+// RDMA; when its pod ends, its netdev's appearing brings a rescan that
+// puts it back, without waiting for the periodic one. A veth appearing
+// does not.
+func TestReturningVFRescans(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, os.CopyFS(root, os.DirFS(fixtureRoot("dgx-h100"))))
+	back, err := fixture.MoveToPod(root, "0000:18:00.1", true)
+	require.NoError(t, err)
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(cfg, []byte(`{"periodicUpdateInterval": 0, "resourceList": [{"resourceName": "rails", "selectors": {"devices": ["101e"], "isRdma": true}}]}`), 0o644))
+	src, err := NewSource(cfg, nic.NewScanner(root), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	scans := 0
+	var mu sync.Mutex
+	h := newHarness(t, func(o *Options) {
+		o.HostRoot = root
+		o.Scan = func(reload bool) (Scan, error) {
+			mu.Lock()
+			scans++
+			mu.Unlock()
+			return src.Scan(reload)
+		}
+	})
+	h.run()
+	h.registered("mellanox.com/rails")
+	w := h.watch(h.client("mellanox.com_rails.sock"))
+	require.Len(t, w.next().Devices, 31)
+
+	h.links.C <- LinkEvent{Name: "veth1234", Up: true} // a pod's veth: no device link
+	h.links.C <- LinkEvent{Name: "ibp24s0", Up: true}  // a PF the pools know
+	time.Sleep(3 * devSettleDelay)
+	mu.Lock()
+	require.Equal(t, 1, scans, "only the first scan")
+	mu.Unlock()
+
+	require.NoError(t, back())
+	h.links.C <- LinkEvent{Name: "ibp24s0v0", Up: true}
+	r := w.next()
+	require.Len(t, r.Devices, 32)
+	require.Equal(t, pluginapi.Healthy, health(r)["0000:18:00.1"])
 }

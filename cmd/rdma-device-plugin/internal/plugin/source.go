@@ -3,6 +3,7 @@ package plugin
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +24,9 @@ type Source struct {
 	mu       sync.Mutex // guards the fields below
 	cfg      *pool.Config
 	lastWarn string
+	// pooled are the VFs of the last scan's pools, by PCI address, for
+	// inPod.
+	pooled map[string]*nic.Device
 }
 
 // NewSource loads the config at path with opts (every reload uses them
@@ -60,14 +64,75 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 	if err != nil {
 		return Scan{}, fmt.Errorf("scan %s: %w", s.scanner.Root(), err)
 	}
+	inPod := s.inPod(snap)
 	pools, warns := pool.Build(s.cfg, snap.Devices)
+	n := 0
+	for i := range pools {
+		n += len(pools[i].Devices)
+	}
+	s.pooled = make(map[string]*nic.Device, n)
+	for i := range pools {
+		for j := range pools[i].Devices {
+			if d := &pools[i].Devices[j]; d.IsVF() {
+				s.pooled[d.PCIAddress] = d
+			}
+		}
+	}
 	// Log warnings when they change, not on every rescan.
-	all := append(slices.Clone(snap.Warnings), warns...)
+	all := slices.DeleteFunc(slices.Clone(snap.Warnings), func(w string) bool {
+		addr, what, _ := strings.Cut(w, ": ")
+		return inPod[addr] != "" && (what == "no netdev" || strings.HasPrefix(what, "no RDMA device"))
+	})
+	for _, addr := range slices.Sorted(maps.Keys(inPod)) {
+		all = append(all, addr+": "+inPod[addr])
+	}
+	all = append(all, warns...)
 	if key := strings.Join(all, "\n"); key != s.lastWarn {
 		s.lastWarn = key
 		for _, w := range all {
 			s.log.Warn("discovery", "warning", w)
 		}
 	}
-	return Scan{Pools: pools, RDMACM: snap.RDMACM, Interval: s.cfg.PeriodicUpdateInterval}, nil
+	var noNetdev map[string]bool
+	for i := range snap.Devices {
+		if d := &snap.Devices[i]; d.IsVF() && !d.IsVFIO() && d.Driver != "" && d.Netdev == "" {
+			if noNetdev == nil {
+				noNetdev = map[string]bool{}
+			}
+			noNetdev[d.PCIAddress] = true
+		}
+	}
+	return Scan{Pools: pools, RDMACM: snap.RDMACM, Interval: s.cfg.PeriodicUpdateInterval, NoNetdev: noNetdev}, nil
+}
+
+// inPod gives a VF that a CNI moved into a pod what the last scan saw of
+// it, and says so, by PCI address. In the pod's network namespace its
+// netdev, and with the RDMA subsystem in exclusive mode its RDMA device
+// too, are out of the host's sysfs: a scan finds the VF bound to its
+// driver with neither (or, in shared mode, without its netdev). Taken as
+// found, it would leave every pool that asks for RDMA (isRdma) and the
+// pool's CDI spec while the pod runs (a restarting container could not
+// resolve its CDI name), and its netdev's return would go unwatched. A VF
+// whose RDMA device alone is gone (mlx5_ib unloaded) keeps nothing: that
+// is a fault to show, not a move.
+func (s *Source) inPod(snap *nic.Snapshot) map[string]string {
+	out := map[string]string{}
+	for i := range snap.Devices {
+		d := &snap.Devices[i]
+		if !d.IsVF() || d.IsVFIO() || d.Driver == "" || d.Netdev != "" {
+			continue
+		}
+		p, ok := s.pooled[d.PCIAddress]
+		if !ok || p.Driver != d.Driver || p.Netdev == "" {
+			continue
+		}
+		d.Netdev = p.Netdev
+		if d.RDMADevice == "" && p.RDMADevice != "" {
+			d.RDMADevice, d.LinkType, d.CharDevices = p.RDMADevice, p.LinkType, p.CharDevices
+			out[d.PCIAddress] = fmt.Sprintf("netdev %s and RDMA device %s are not in the host's network namespace (moved into a pod?); kept as the last scan saw them", d.Netdev, d.RDMADevice)
+			continue
+		}
+		out[d.PCIAddress] = fmt.Sprintf("netdev %s is not in the host's network namespace (moved into a pod?); kept as the last scan saw it", d.Netdev)
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
@@ -55,4 +56,80 @@ func TestSourceReload(t *testing.T) {
 
 	_, err = NewSource(filepath.Join(t.TempDir(), "none.json"), nic.NewScanner(fixtureRoot("dgx-h100")), slog.New(slog.DiscardHandler))
 	require.ErrorContains(t, err, "pool config file does not exist")
+}
+
+// A VF a CNI moved into a pod is out of the host's sysfs: its netdev and,
+// in exclusive RDMA netns mode, its RDMA device. The source keeps it as
+// the last scan saw it, so it stays in the pool that asks for RDMA (and in
+// its CDI spec) while the pod runs, and says why once.
+func TestSourceKeepsAVFInAPod(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, os.CopyFS(root, os.DirFS(fixtureRoot("dgx-h100"))))
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(cfg, []byte(`{"resourceList": [{"resourceName": "rails", "selectors": {"devices": ["101e"], "isRdma": true}}]}`), 0o644))
+	var logs bytes.Buffer
+	newSource := func() *Source {
+		src, err := NewSource(cfg, nic.NewScanner(root), slog.New(slog.NewTextHandler(&logs, nil)))
+		require.NoError(t, err)
+		return src
+	}
+	src := newSource()
+	const vf = "0000:18:00.1"
+	find := func(s Scan) *nic.Device {
+		require.Len(t, s.Pools, 1)
+		for i := range s.Pools[0].Devices {
+			if d := &s.Pools[0].Devices[i]; d.PCIAddress == vf {
+				return d
+			}
+		}
+		return nil
+	}
+	s, err := src.Scan(false)
+	require.NoError(t, err)
+	before := *find(s)
+	require.Equal(t, "mlx5_12", before.RDMADevice)
+	require.NotEmpty(t, before.CharDevices)
+
+	back, err := fixture.MoveToPod(root, vf, true)
+	require.NoError(t, err)
+	for range 2 { // and on the rescan after
+		s, err = src.Scan(false)
+		require.NoError(t, err)
+		require.Equal(t, 32, len(s.Pools[0].Devices))
+		d := find(s)
+		require.NotNil(t, d, "kept in the isRdma pool")
+		require.Equal(t, before, *d)
+	}
+	require.Contains(t, logs.String(), vf+": netdev ibp24s0v0 and RDMA device mlx5_12 are not in the host's network namespace (moved into a pod?)")
+	require.NotContains(t, logs.String(), vf+": no RDMA device")
+
+	// A plugin started while the pod runs never saw them: the VF is left
+	// out until it comes back.
+	s, err = newSource().Scan(false)
+	require.NoError(t, err)
+	require.Equal(t, 31, len(s.Pools[0].Devices))
+	require.Nil(t, find(s))
+
+	require.NoError(t, back())
+	s, err = src.Scan(false)
+	require.NoError(t, err)
+	require.Equal(t, before, *find(s))
+
+	// Shared RDMA netns mode: the netdev alone goes; the RDMA device is
+	// read as it is.
+	back, err = fixture.MoveToPod(root, vf, false)
+	require.NoError(t, err)
+	logs.Reset()
+	s, err = src.Scan(false)
+	require.NoError(t, err)
+	require.Equal(t, before, *find(s))
+	require.Contains(t, logs.String(), vf+": netdev ibp24s0v0 is not in the host's network namespace (moved into a pod?)")
+	require.NoError(t, back())
+
+	// The RDMA devices gone with their netdevs in place (mlx5_ib
+	// unloaded) is a fault: nothing is kept, the pool empties.
+	require.NoError(t, fixture.UnloadModule(root, "mlx5_ib"))
+	s, err = src.Scan(false)
+	require.NoError(t, err)
+	require.Empty(t, s.Pools[0].Devices)
 }
