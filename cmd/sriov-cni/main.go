@@ -20,6 +20,10 @@ func main() {
 	// fails every DEL of such an attachment forever.
 	_ = os.Setenv("CNI_NETNS_OVERRIDE", "1")
 	skel.PluginMainFuncs(plugin.New().Funcs(),
-		version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"),
+		// Every version upstream sriov-cni takes: a network written for it
+		// in 0.1.0–0.3.0 must at least DEL (skel refuses CHECK, GC and
+		// STATUS where the conf's version has none); ADD answers in that
+		// version's result, or refuses what it cannot express.
+		version.All,
 		"fastpath sriov CNI: ConnectX SR-IOV VFs with their RDMA devices")
 }

@@ -105,7 +105,7 @@ func rt(cid, netns, ifName, vf string) *libcni.RuntimeConf {
 func TestBinaryEverySpecVersion(t *testing.T) {
 	h := newHost(t)
 	orig := h.standIn("ibp24s0v0")
-	for _, v := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+	for _, v := range version.All.SupportedVersions() {
 		t.Run(v, func(t *testing.T) {
 			ctx := context.Background()
 			list := h.list(v, h.hostLocal("10.90.0.0/24"))
@@ -117,9 +117,13 @@ func TestBinaryEverySpecVersion(t *testing.T) {
 			require.Equal(t, v, res.Version())
 			cur, err := current.NewResultFromResult(res)
 			require.NoError(t, err)
-			require.Equal(t, "net1", cur.Interfaces[0].Name)
+			if ge, _ := version.GreaterThanOrEqualTo(v, "0.3.0"); ge {
+				require.Equal(t, "net1", cur.Interfaces[0].Name)
+			} else {
+				require.Empty(t, cur.Interfaces, "a %s result has addresses only", v)
+			}
 			require.True(t, strings.HasPrefix(cur.IPs[0].Address.String(), "10.90.0."), "%s", cur.IPs[0].Address)
-			if v != "0.3.1" {
+			if ge, _ := version.GreaterThanOrEqualTo(v, "0.4.0"); ge {
 				require.NoError(t, h.cni.CheckNetworkList(ctx, list, r))
 			}
 		})
@@ -129,6 +133,37 @@ func TestBinaryEverySpecVersion(t *testing.T) {
 	}
 	// STATUS (1.1.0).
 	require.NoError(t, h.cni.GetStatusNetworkList(context.Background(), h.list("1.1.0", h.hostLocal("10.90.0.0/24"))))
+}
+
+// The binary takes every spec version upstream sriov-cni does (version.All),
+// so that an attachment made through a peer's 0.1.0–0.3.0 network can be
+// deleted; CHECK, GC and STATUS only where the conf's version has them.
+// No privilege: nothing is attached.
+func TestBinaryVersions(t *testing.T) {
+	bin := testbin.Build(t, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov")
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	path := filepath.Join(bin, "sriov")
+	ctx := context.Background()
+	info, err := invoke.GetVersionInfo(ctx, path, exec)
+	require.NoError(t, err)
+	require.ElementsMatch(t, version.All.SupportedVersions(), info.SupportedVersions())
+	state := t.TempDir()
+	for _, v := range version.All.SupportedVersions() {
+		t.Run(v, func(t *testing.T) {
+			conf := []byte(fmt.Sprintf(`{"cniVersion":%q,"name":"rdma","type":"sriov","deviceID":"0000:18:00.1","stateDir":%q}`, v, state))
+			args := &invoke.Args{Command: "DEL", ContainerID: "c1", NetNS: "/var/run/netns/gone", IfName: "net1", Path: bin}
+			require.NoError(t, invoke.ExecPluginWithoutResult(ctx, path, conf, args, exec), "DEL in %s", v)
+			args.Command = "GC"
+			err := invoke.ExecPluginWithoutResult(ctx, path, conf, args, exec)
+			if ge, _ := version.GreaterThanOrEqualTo(v, "1.1.0"); ge {
+				require.NoError(t, err)
+				return
+			}
+			var te *types.Error
+			require.ErrorAs(t, err, &te)
+			require.Equal(t, uint(types.ErrIncompatibleCNIVersion), te.Code, "GC in %s: %v", v, err)
+		})
+	}
 }
 
 // Twenty pods attach twenty different VFs at once; two pods race for one VF.

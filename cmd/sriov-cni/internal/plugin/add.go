@@ -40,6 +40,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err := refuseHostNetns(args.Netns); err != nil {
 		return err
 	}
+	if c.legacyResult() && c.IPAM.Type == "" {
+		return invalidConf("cniVersion %s: its result holds IP addresses only, and this network has no ipam to give one: set cniVersion 0.3.1 or later (the result then names the interface), or add an ipam section", c.CNIVersion)
+	}
 	cands, err := p.candidates(ctx, c, args)
 	if err != nil {
 		return err
@@ -68,11 +71,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	out, err := result.GetAsVersion(c.CNIVersion)
-	if err != nil {
-		return fail(types.ErrIncompatibleCNIVersion, vf, "convert result", err)
-	}
-	return out.PrintTo(p.Stdout)
+	return result.PrintTo(p.Stdout)
 }
 
 // refuseHostNetns refuses a CNI_NETNS that is the plugin's own netns (the
@@ -230,8 +229,10 @@ func (p *Plugin) vfGUID(d *nic.Device) string {
 }
 
 // add does the attachment with vf's lock held: plan, journal, apply; on a
-// failure, the journal's teardown.
-func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, store *Store, lock *Lock, vf string) (_ *current.Result, err error) {
+// failure, the journal's teardown. The result is in the conf's cniVersion:
+// one that version cannot express (0.2.0 without an address) is a failure
+// that rolls back too.
+func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, store *Store, lock *Lock, vf string) (_ types.Result, err error) {
 	host, err := netns.Current()
 	if err != nil {
 		return nil, fail(0, vf, "open host netns", err)
@@ -273,7 +274,15 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 			log.Error("remove state", "err", rerr)
 		}
 	}()
-	return p.apply(ctx, log, c, args, j, plan, host, pod, pfl, lock)
+	res, err := p.apply(ctx, log, c, args, j, plan, host, pod, pfl, lock)
+	if err != nil {
+		return nil, err
+	}
+	out, err := res.GetAsVersion(c.CNIVersion)
+	if err != nil {
+		return nil, fail(types.ErrIncompatibleCNIVersion, vf, "result in CNI "+c.CNIVersion, err)
+	}
+	return out, nil
 }
 
 // journalErr is a failure to record a step before it runs.

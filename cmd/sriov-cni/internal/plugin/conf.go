@@ -3,6 +3,7 @@ package plugin
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -62,7 +63,8 @@ type NetConf struct {
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
 	// Parsed forms, filled by parseConf.
-	vf sriov.Settings `json:"-"`
+	vf       sriov.Settings `json:"-"`
+	logLevel slog.Level     `json:"-"`
 }
 
 // RuntimeConfig holds the capability arguments the runtime passes.
@@ -72,6 +74,15 @@ type RuntimeConfig struct {
 	IPs               []string `json:"ips,omitempty"`
 	InfinibandGUID    string   `json:"infinibandGUID,omitempty"`
 	CNIDeviceInfoFile string   `json:"CNIDeviceInfoFile,omitempty"`
+}
+
+// logLevels are the logLevel values upstream sriov-cni and the SR-IOV
+// Network Operator (SriovNetwork.spec.logLevel) write, and "warn". This
+// plugin never panics on purpose: "panic" logs errors only, as close as
+// slog comes to upstream's "panic messages only".
+var logLevels = map[string]slog.Level{
+	"": slog.LevelInfo, "debug": slog.LevelDebug, "info": slog.LevelInfo,
+	"warn": slog.LevelWarn, "warning": slog.LevelWarn, "error": slog.LevelError, "panic": slog.LevelError,
 }
 
 // parseConf decodes and validates stdin. Every check that needs no
@@ -92,6 +103,10 @@ func parseConf(data []byte) (*NetConf, error) {
 	}
 	if c.PKey != "" {
 		return nil, invalidConf("pkey %q: this plugin does not set InfiniBand partition keys (ib-sriov-cni's field); the VF would stay in the default partition: drop pkey to accept that, or keep ib-sriov-cni for this network", c.PKey)
+	}
+	if c.CNIVersion == "" {
+		// The spec's default, as skel's version check reads it.
+		c.CNIVersion = "0.1.0"
 	}
 	if c.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&c.PluginConf); err != nil {
@@ -132,11 +147,11 @@ func parseConf(data []byte) (*NetConf, error) {
 	if c.LogFile != "" && !filepath.IsAbs(c.LogFile) {
 		return nil, invalidConf("logFile %q: want an absolute path", c.LogFile)
 	}
-	switch strings.ToLower(c.LogLevel) {
-	case "", "debug", "info", "warn", "warning", "error":
-	default:
-		return nil, invalidConf("logLevel %q: want debug, info, warn or error", c.LogLevel)
+	level, ok := logLevels[strings.ToLower(c.LogLevel)]
+	if !ok {
+		return nil, invalidConf("logLevel %q: want panic, error, warning, info or debug", c.LogLevel)
 	}
+	c.logLevel = level
 	return c, nil
 }
 
@@ -236,6 +251,14 @@ func (c *NetConf) parseVF() error {
 		v.GUID = hw
 	}
 	return nil
+}
+
+// legacyResult reports whether the conf's cniVersion is one whose result
+// (0.1.0, 0.2.0) carries only IP addresses: no interfaces, and at least
+// one address.
+func (c *NetConf) legacyResult() bool {
+	ge, err := version.GreaterThanOrEqualTo(c.CNIVersion, "0.3.0")
+	return err == nil && !ge
 }
 
 // deviceID is the VF PCI address the conf names, or "".

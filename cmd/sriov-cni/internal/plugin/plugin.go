@@ -21,7 +21,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -98,8 +97,8 @@ func (p *Plugin) point(name string) {
 // reported on Stderr, which then takes the log.
 func (p *Plugin) logger(c *NetConf, args *skel.CmdArgs) (*slog.Logger, func()) {
 	var level slog.Level
-	if c != nil && c.LogLevel != "" {
-		_ = level.UnmarshalText([]byte(strings.Replace(strings.ToLower(c.LogLevel), "warning", "warn", 1)))
+	if c != nil {
+		level = c.logLevel
 	}
 	w, closeFn := p.Stderr, func() {}
 	if w == nil {
