@@ -103,7 +103,10 @@ func (n *netlinkPFLink) SetVFGUID(pf string, vf int, guid net.HardwareAddr) erro
 		return fmt.Errorf("node GUID: %w", err)
 	}
 	if err := n.h.LinkSetVfGUID(l, vf, guid, nl.IFLA_VF_IB_PORT_GUID); err != nil {
-		return fmt.Errorf("port GUID: %w", err)
+		// The node GUID is changed already and IFLA_VF_INFO does not
+		// report it, so it cannot be put back from here: the caller
+		// restores the setting as a whole.
+		return fmt.Errorf("port GUID (node GUID set already): %w: %w", ErrPartlyApplied, err)
 	}
 	return nil
 }

@@ -17,9 +17,16 @@ type PFLink interface {
 	SetVFTrust(pf string, vf int, on bool) error
 	SetVFLinkState(pf string, vf int, state uint32) error
 	SetVFRate(pf string, vf, minMbps, maxMbps int) error
-	// SetVFGUID sets an InfiniBand VF's node and port GUID.
+	// SetVFGUID sets an InfiniBand VF's node and port GUID, in that
+	// order; a failure after the node GUID is set wraps ErrPartlyApplied.
 	SetVFGUID(pf string, vf int, guid net.HardwareAddr) error
 }
+
+// ErrPartlyApplied marks a failed change of a setting that takes more than
+// one call, of which the first took effect: the setting is changed
+// half-way and must be restored although the change failed. SetVFGUID
+// sets the node GUID, then the port GUID.
+var ErrPartlyApplied = errors.New("setting partly applied")
 
 // VFConfig is a VF's settings as the PF reports them. GUID is not in
 // IFLA_VF_INFO; callers read it from sysfs.

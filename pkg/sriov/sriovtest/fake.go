@@ -17,6 +17,7 @@ import (
 type PFLink struct {
 	mu       sync.Mutex // guards the fields below
 	vfs      map[string]sriov.VFConfig
+	portGUID map[string]string
 	calls    []string
 	failNext map[string]error
 	failCall map[string]int
@@ -27,7 +28,7 @@ var _ sriov.PFLink = (*PFLink)(nil)
 
 // NewPFLink returns an empty fake.
 func NewPFLink() *PFLink {
-	return &PFLink{vfs: map[string]sriov.VFConfig{}, failNext: map[string]error{}, failCall: map[string]int{}, count: map[string]int{}}
+	return &PFLink{vfs: map[string]sriov.VFConfig{}, portGUID: map[string]string{}, failNext: map[string]error{}, failCall: map[string]int{}, count: map[string]int{}}
 }
 
 // Unconfigured is the settings of a VF nobody changed.
@@ -96,11 +97,18 @@ func (f *PFLink) Clone() *PFLink {
 	defer f.mu.Unlock()
 	c := NewPFLink()
 	c.vfs = maps.Clone(f.vfs)
+	c.portGUID = maps.Clone(f.portGUID)
 	return c
 }
 
 func (f *PFLink) call(name, format string, args ...any) error {
 	f.calls = append(f.calls, name+" "+fmt.Sprintf(format, args...))
+	return f.inject(name)
+}
+
+// inject counts a call of name and returns the failure FailNext or
+// FailCall set for it.
+func (f *PFLink) inject(name string) error {
 	f.count[name]++
 	if n, ok := f.failCall[name]; ok && n == f.count[name] {
 		delete(f.failCall, name)
@@ -182,6 +190,11 @@ func (f *PFLink) SetVFRate(pf string, vf, lo, hi int) error {
 	return nil
 }
 
+// SetVFGUID sets the node GUID (VFConfig.GUID), then the port GUID
+// (PortGUID), as the netlink implementation does in two calls: FailNext or
+// FailCall of "SetVFGUID" fails the first, changing nothing; of
+// "SetVFPortGUID" the second, after the node GUID is set, with
+// sriov.ErrPartlyApplied. Only "SetVFGUID" is recorded in Calls.
 func (f *PFLink) SetVFGUID(pf string, vf int, guid net.HardwareAddr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -189,5 +202,16 @@ func (f *PFLink) SetVFGUID(pf string, vf int, guid net.HardwareAddr) error {
 		return err
 	}
 	f.update(pf, vf, func(c *sriov.VFConfig) { c.GUID = guid.String() })
+	if err := f.inject("SetVFPortGUID"); err != nil {
+		return fmt.Errorf("port GUID (node GUID set already): %w: %w", sriov.ErrPartlyApplied, err)
+	}
+	f.portGUID[key(pf, vf)] = guid.String()
 	return nil
+}
+
+// PortGUID returns the port GUID of a VF ("" when never set).
+func (f *PFLink) PortGUID(pf string, vf int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.portGUID[key(pf, vf)]
 }

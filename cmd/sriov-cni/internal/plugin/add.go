@@ -299,8 +299,12 @@ func (p *Plugin) apply(ctx context.Context, log *slog.Logger, c *NetConf, args *
 			return nil, journalErr(vf, err)
 		}
 		if err := sriov.Apply(pfl, st.PFNetdev, st.VFIndex, s, &c.vf, st.VFOrig); err != nil {
-			// The PF refused it: nothing of this setting to restore.
-			st.VFApplied = st.VFApplied[:len(st.VFApplied)-1]
+			if !errors.Is(err, sriov.ErrPartlyApplied) {
+				// The PF refused it: nothing of this setting to restore.
+				st.VFApplied = st.VFApplied[:len(st.VFApplied)-1]
+			}
+			// Else part of it took effect (a GUID's node half): it stays
+			// journaled, and the rollback restores it.
 			return nil, fail(0, vf, "VF settings on PF "+st.PFNetdev, fmt.Errorf("set %s: %w", s, err))
 		}
 	}

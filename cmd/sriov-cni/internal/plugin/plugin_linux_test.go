@@ -499,6 +499,36 @@ func TestConfAgainstDevice(t *testing.T) {
 	require.Equal(t, strings.TrimSpace(string(guid)), guidToSysfs(e.pf.Get("ibp220s0", 1).GUID))
 }
 
+// A GUID is two calls on the PF, node GUID then port GUID. When the port
+// GUID is refused, the node GUID is changed already: the rollback puts it
+// (and the port GUID) back to the original. When the node GUID is refused,
+// nothing changed and nothing is restored.
+func TestGUIDPartlyAppliedRollsBack(t *testing.T) {
+	const vf = "0000:dc:00.2"
+	e := newEnv(t, "dgx-h100")
+	orig := e.standIn("ibp220s0v1")
+	guid, err := os.ReadFile(filepath.Join(e.p.HostRoot, "sys/bus/pci/devices", vf, "infiniband/mlx5_41/node_guid"))
+	require.NoError(t, err)
+	conf := e.conf(`"deviceID":"` + vf + `","trust":"on","guid":"02:00:00:00:00:00:00:42"`)
+
+	e.pf.FailNext("SetVFPortGUID", errors.New("operation not permitted"))
+	_, err = e.add(conf, e.pod(), "c1", "net1")
+	require.ErrorContains(t, err, "set guid: port GUID (node GUID set already): setting partly applied: operation not permitted")
+	require.ErrorIs(t, err, sriov.ErrPartlyApplied)
+	require.Equal(t, strings.TrimSpace(string(guid)), guidToSysfs(e.pf.Get("ibp220s0", 1).GUID), "node GUID put back")
+	require.Equal(t, e.pf.Get("ibp220s0", 1).GUID, e.pf.PortGUID("ibp220s0", 1), "port GUID set to the original too")
+	require.False(t, e.pf.Get("ibp220s0", 1).Trust, "the settings before it rolled back")
+	e.requireRestored(orig, vf)
+
+	e.pf.ResetCalls()
+	e.pf.FailNext("SetVFGUID", errors.New("operation not supported"))
+	_, err = e.add(conf, e.pod(), "c1", "net1")
+	require.ErrorContains(t, err, "set guid: operation not supported")
+	require.Equal(t, []string{"SetVFTrust ibp220s0 1 true", "SetVFGUID ibp220s0 1 02:00:00:00:00:00:00:42", "SetVFTrust ibp220s0 1 false"},
+		pfChanges(e.pf), "a refused node GUID changed nothing: only trust is restored")
+	e.requireRestored(orig, vf)
+}
+
 func guidToSysfs(g string) string {
 	h := strings.ReplaceAll(g, ":", "")
 	return h[0:4] + ":" + h[4:8] + ":" + h[8:12] + ":" + h[12:16]
