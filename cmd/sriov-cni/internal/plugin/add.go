@@ -136,6 +136,12 @@ func (p *Plugin) claim(ctx context.Context, log *slog.Logger, c *NetConf, store 
 		case vfStale:
 			// The reboot reset the VF and took the pod's netns along.
 			log.Info("state from before the last boot dropped", "vf", id, "attachment", st.owner())
+			if st.IPAMAdded && st.IPAMType != "" {
+				// IPAM state may outlive a reboot: its DEL or GC releases it.
+				if err := store.SavePending(pendingOf(st)); err != nil {
+					log.Warn("its address release not recorded; its DEL only tries it", "vf", id, "err", err)
+				}
+			}
 			if err := store.Remove(id); err != nil {
 				l.Unlock(false)
 				return nil, "", fail(types.ErrIOFailure, id, "drop stale state", err)
@@ -263,7 +269,7 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 		if err == nil {
 			return
 		}
-		if terr := p.teardown(ctx, log, store, j.st, host, args, lock); terr != nil {
+		if terr := errors.Join(p.teardown(ctx, log, store, j.st, host, args, lock)); terr != nil {
 			// The state stays: the DEL the runtime sends after a failed
 			// ADD tries the restore again.
 			log.Error("rollback incomplete; state kept for DEL", "err", terr)

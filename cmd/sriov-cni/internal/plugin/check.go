@@ -144,8 +144,9 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 }
 
 // GC tears down every attachment of this network that is not in
-// cni.dev/valid-attachments — state, lock, VF and address — then lets the
-// IPAM plugin collect its own leftovers.
+// cni.dev/valid-attachments — state, lock, VF and address — tries again
+// the pending address releases of those not in it, then lets the IPAM
+// plugin collect its own leftovers.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
 	ctx := context.Background()
 	c, err := parseConf(args.StdinData)
@@ -183,6 +184,19 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			continue
 		}
 		log.Info("collected stale attachment", "vf", vf, "container", shortID(st.ContainerID), "ifname", st.IfName)
+	}
+	// Addresses whose release failed once their VF was freed.
+	pending, err := store.ListPending()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list pending address releases: %w", err))
+	}
+	for _, pr := range pending {
+		if pr.Network != c.Name || valid[types.GCAttachment{ContainerID: pr.ContainerID, IfName: pr.IfName}] {
+			continue
+		}
+		if err := p.releasePending(ctx, log, c, store, pr.args(args), nil); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.IPAM.Type != "" {
 		if _, err := p.ipamCall(ctx, "GC", &skel.CmdArgs{Path: args.Path, StdinData: args.StdinData}, c.IPAM.Type, nil); err != nil {

@@ -36,7 +36,9 @@ const HostRootEnv = "FASTPATH_HOST_ROOT"
 
 // maxDelAttempts is how many DELs may fail to restore a VF before DEL gives
 // up, drops the state and reports success: a runtime retries a failing DEL
-// forever, and what failed three times will not heal by itself.
+// forever, and what failed three times will not heal by itself. A failed
+// IPAM DEL does not count: it holds no VF, and its address stays pending
+// (Pending) until a DEL or GC releases it.
 const maxDelAttempts = 3
 
 // Plugin holds the plugin's dependencies; main wires the real ones, tests

@@ -47,7 +47,11 @@ func (p *Plugin) reclaim(ctx context.Context, log *slog.Logger, c *NetConf, args
 	// ADD's conf (the same network and IPAM), no CNI_ARGS (they were its
 	// pod's, and are not kept), as GC does.
 	owner := &skel.CmdArgs{ContainerID: st.ContainerID, Netns: st.Netns, IfName: st.IfName, Path: args.Path, StdinData: args.StdinData}
-	if err := p.release(ctx, log, store, st, releaseIPAM, host, owner, lock); err != nil {
+	if err := p.release(ctx, log, store, st, releaseIPAM, host, owner, lock); errors.Is(err, ErrIPAMPending) {
+		// The VF is restored; its address waits for its DEL or GC.
+		log.Warn("VF reclaimed; its address is not released yet", "err", err)
+		return true, ""
+	} else if err != nil {
 		log.Error("reclaim incomplete; the next ADD or its DEL tries again", "err", err)
 		return false, why + ", but restoring the VF failed: " + err.Error()
 	}

@@ -33,7 +33,8 @@ const maxStateSize = 1 << 20
 // Store keeps, in one directory (0700), per VF: the state file
 // <pci>.json (0600), the lock <pci>.lock, and while a netdev is being moved
 // the pinned temporary netns <pci>.netns. A state set aside is
-// <pci>.json.bad.
+// <pci>.json.bad. Per attachment whose VF is free but whose address is
+// not released yet: ipam-<hash>.pending (Pending).
 type Store struct {
 	dir string
 	log *slog.Logger

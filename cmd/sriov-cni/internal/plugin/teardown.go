@@ -46,25 +46,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		case errors.Is(err, fs.ErrNotExist):
 			// Never attached, or detached already.
 			store.Sweep()
-			return p.releaseUnattached(ctx, log, c, args, nil)
+			return p.releasePending(ctx, log, c, store, args, nil)
 		case err != nil:
 			return fail(types.ErrIOFailure, "", "read state", err)
 		}
 		vf = st.PCIAddress
 	}
 	return p.detach(ctx, log, c, store, vf, args)
-}
-
-// releaseUnattached releases the address of an attachment that has no
-// state (IPAM DEL is idempotent).
-func (p *Plugin) releaseUnattached(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, lock *Lock) error {
-	if c.IPAM.Type != "" {
-		if err := p.ipamDel(ctx, args, c.IPAM.Type, lock); err != nil {
-			return fail(0, "", "release address", err)
-		}
-	}
-	log.Debug("nothing attached")
-	return nil
 }
 
 // detach tears the attachment of vf down under its lock, if it is the
@@ -91,7 +79,7 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 	case errors.Is(err, fs.ErrNotExist):
 		// A concurrent DEL finished it, or nothing was attached.
 		removeLock = store.clearLeftovers(vf) == nil
-		return p.releaseUnattached(ctx, log, c, args, lock)
+		return p.releasePending(ctx, log, c, store, args, lock)
 	case errors.Is(err, ErrBadState):
 		to, serr := store.SetAside(vf)
 		if serr != nil {
@@ -103,16 +91,21 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 			return fail(0, vf, "open host netns", herr)
 		}
 		defer host.Close()
-		if terr := p.teardown(ctx, log, store, p.recoveryState(c, args, vf), host, args, lock); terr != nil {
-			log.Error("restore by PCI address incomplete", "err", terr)
+		rst := p.recoveryState(c, args, vf)
+		restoreErr, ipamErr := p.teardown(ctx, log, store, rst, host, args, lock)
+		if restoreErr != nil {
+			log.Error("restore by PCI address incomplete", "err", restoreErr)
 		}
 		removeLock = store.clearLeftovers(vf) == nil
+		if ipamErr != nil {
+			return store.pend(log, pendingOf(rst), ipamErr)
+		}
 		return nil
 	case err != nil:
 		return fail(types.ErrIOFailure, vf, "read state", err)
 	case !st.is(c.Name, args.ContainerID, args.IfName):
 		// The VF serves another attachment: this one is gone.
-		return p.releaseUnattached(ctx, log, c, args, lock)
+		return p.releasePending(ctx, log, c, store, args, lock)
 	}
 
 	host, err := netns.Current()
@@ -120,9 +113,11 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 		return fail(0, vf, "open host netns", err)
 	}
 	defer host.Close()
-	if err := p.release(ctx, log, store, st, true, host, args, lock); err != nil {
-		return err
+	relErr := p.release(ctx, log, store, st, true, host, args, lock)
+	if relErr != nil && !errors.Is(relErr, ErrIPAMPending) {
+		return relErr
 	}
+	// The VF is free (its address may be pending).
 	p.point("del:removed")
 	if err := store.clearLeftovers(vf); err != nil {
 		log.Warn("leftovers kept", "err", err)
@@ -130,14 +125,21 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 		removeLock = true
 	}
 	log.Info("detached", "netdev", st.HostName)
-	return nil
+	return relErr
 }
 
-// release undoes the attachment st (teardown) and removes its state; with
-// releaseIPAM false its address is left alone. A failed teardown is
+// release undoes the attachment st (teardown) and removes its state,
+// which frees the VF; with releaseIPAM false its address is left alone.
+//
+// A failure to restore the VF (netdev, RDMA device, PF settings) is
 // counted in the state, which stays for the next try, until
 // maxDelAttempts: then the state goes anyway, with an error in the log,
-// rather than holding the VF and the runtime's retries forever.
+// rather than holding the VF and the runtime's retries forever. A failed
+// IPAM DEL does not count and never holds the VF: once the VF is restored
+// (or given up on), the address still to be released is recorded apart
+// (Pending), the state goes, and the error (ErrIPAMPending) is returned,
+// so that the runtime's next DEL, or GC, releases it. An address left
+// alone is recorded too, for its own runtime's DEL or GC.
 func (p *Plugin) release(ctx context.Context, log *slog.Logger, store *Store, st *State, releaseIPAM bool, host *netns.NS, args *skel.CmdArgs, lock *Lock) error {
 	undo := st
 	if !releaseIPAM && st.IPAMAdded {
@@ -145,20 +147,40 @@ func (p *Plugin) release(ctx context.Context, log *slog.Logger, store *Store, st
 		cp.IPAMAdded = false
 		undo = &cp
 	}
-	if terr := p.teardown(ctx, log, store, undo, host, args, lock); terr != nil {
+	restoreErr, ipamErr := p.teardown(ctx, log, store, undo, host, args, lock)
+	if releaseIPAM && ipamErr == nil {
+		// Released: a DEL that tries the restore again does not repeat it.
+		st.IPAMAdded = false
+	}
+	if restoreErr != nil {
 		st.DelAttempts++
 		if st.DelAttempts < maxDelAttempts {
 			if err := store.Save(st); err != nil {
 				log.Error("save state", "err", err)
 			}
-			return terr
+			return errors.Join(restoreErr, ipamErr)
 		}
-		log.Error("giving up on restoring the VF after repeated failures; state dropped", "attempts", st.DelAttempts, "err", terr)
+		log.Error("giving up on restoring the VF after repeated failures; state dropped", "attempts", st.DelAttempts, "err", restoreErr)
+	}
+	var pendErr error
+	switch {
+	case ipamErr != nil:
+		if pendErr = store.pend(log, pendingOf(st), ipamErr); !errors.Is(pendErr, ErrIPAMPending) {
+			// The state keeps the address, and the VF, for the next DEL.
+			if err := store.Save(st); err != nil {
+				log.Error("save state", "err", err)
+			}
+			return pendErr
+		}
+	case st.IPAMAdded && !releaseIPAM:
+		if err := store.SavePending(pendingOf(st)); err != nil {
+			log.Warn("address left to its own runtime's DEL or GC not recorded; that DEL only tries to release it", "err", err)
+		}
 	}
 	if err := store.Remove(st.PCIAddress); err != nil {
-		return fail(types.ErrIOFailure, st.PCIAddress, "remove state", err)
+		return errors.Join(pendErr, fail(types.ErrIOFailure, st.PCIAddress, "remove state", err))
 	}
-	return nil
+	return pendErr
 }
 
 // recoveryState is what can be known of an attachment whose state file was
@@ -195,14 +217,14 @@ func (p *Plugin) recoveryState(c *NetConf, args *skel.CmdArgs, vf string) *State
 
 // teardown undoes what st says ADD did or began, newest first. Each undo
 // tolerates a step that never happened, happened half-way or was undone
-// already, so teardown may run again after a crash of its own.
-func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, st *State, host *netns.NS, args *skel.CmdArgs, lock *Lock) error {
+// already, so teardown may run again after a crash of its own. It returns
+// what failed to restore the VF (its netdev, RDMA device, PF settings, the
+// device-info file) apart from a failed IPAM DEL, which holds no VF.
+func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, st *State, host *netns.NS, args *skel.CmdArgs, lock *Lock) (restoreErr, ipamErr error) {
 	var errs []error
 	p.point("teardown:ipam")
 	if st.IPAMAdded && st.IPAMType != "" {
-		if err := p.ipamDel(ctx, args, st.IPAMType, lock); err != nil {
-			errs = append(errs, err)
-		}
+		ipamErr = p.ipamDel(ctx, args, st.IPAMType, lock)
 	}
 	p.point("teardown:devinfo")
 	if st.DeviceInfoFile != "" {
@@ -244,9 +266,9 @@ func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, s
 		}
 	}
 	if len(errs) > 0 {
-		return fail(0, st.PCIAddress, "restore", errors.Join(errs...))
+		restoreErr = fail(0, st.PCIAddress, "restore", errors.Join(errs...))
 	}
-	return nil
+	return restoreErr, ipamErr
 }
 
 // removeDeviceInfo removes the device-info file at path while it still
