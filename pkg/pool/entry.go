@@ -16,25 +16,38 @@ var (
 	exclusiveSel  = []string{"vendors", "devices", "drivers", "pciAddresses", "pfNames", "rootDevices", "linkTypes", "isRdma"}
 
 	// Keys of the upstream formats that fastpath understands but does not
-	// serve, with the reason.
-	unsupportedExclusive = map[string]string{
-		"rdmahcamax":     "rdmaHcaMax applies to configList (shared) pools; a resourceList pool hands out whole VFs",
-		"additionalinfo": "additionalInfo is not supported: fastpath puts each device's details in PCIDEVICE_<RESOURCE>_INFO",
+	// serve, with the reason and the value that asks for nothing. Each is
+	// ignored while its value is off (false, "", [], {}, 0 or null; see
+	// object.fields): the SR-IOV Network Operator marshals
+	// sriov-network-device-plugin's own types, whose untagged fields it
+	// writes whether set or not ("SelectorObj": null on every entry,
+	// "NeedVhostNet": false in every selector).
+	unsupportedExclusive = map[string]unsupportedKey{
+		"rdmahcamax":     {"rdmaHcaMax applies to configList (shared) pools; a resourceList pool hands out whole VFs", "0"},
+		"additionalinfo": {"additionalInfo is not supported: fastpath puts each device's details in PCIDEVICE_<RESOURCE>_INFO", "{}"},
+		"selectorobj":    {"SelectorObj is sriov-network-device-plugin's internal field, not configuration; give the selectors in selectors", "null"},
+		"selectorobjs":   {"SelectorObjs is sriov-network-device-plugin's internal field, not configuration; give the selectors in selectors", "null"},
 	}
-	unsupportedSelector = map[string]string{
-		"ddpprofiles":  "ddpProfiles select Intel DDP profiles and can never match a Mellanox/NVIDIA function",
-		"needvhostnet": "needVhostNet is not supported: fastpath does not hand out /dev/vhost-net",
-		"vdpatype":     "vdpaType is not supported: fastpath does not hand out vDPA devices",
-		"pkeys":        "pKeys is not supported: partition keys are not read during discovery",
-		"acpiindexes":  "acpiIndexes is not supported",
-		"auxtypes":     "auxTypes is not supported: scalable functions are not discovered",
+	unsupportedSelector = map[string]unsupportedKey{
+		"ddpprofiles":  {"ddpProfiles select Intel DDP profiles and can never match a Mellanox/NVIDIA function", "[]"},
+		"needvhostnet": {"needVhostNet is not supported: fastpath does not hand out /dev/vhost-net", "false"},
+		"vdpatype":     {"vdpaType is not supported: fastpath does not hand out vDPA devices", `""`},
+		"pkeys":        {"pKeys is not supported: partition keys are not read during discovery", "[]"},
+		"acpiindexes":  {"acpiIndexes is not supported", "[]"},
+		"auxtypes":     {"auxTypes is not supported: scalable functions are not discovered", "[]"},
 	}
-	sharedUnsupportedKeys = map[string]string{
-		"allocationpolicy": "allocationPolicy applies to resourceList (exclusive) pools; a shared pool gives every container all its HCAs",
-		"devicetype":       "deviceType applies to resourceList (exclusive) pools",
-		"servedby":         "servedBy applies to resourceList (exclusive) pools: DRA hands out whole VFs; shared HCAs are served by the device plugin",
+	sharedUnsupportedKeys = map[string]unsupportedKey{
+		"allocationpolicy": {"allocationPolicy applies to resourceList (exclusive) pools; a shared pool gives every container all its HCAs", `""`},
+		"devicetype":       {"deviceType applies to resourceList (exclusive) pools", `""`},
+		"servedby":         {"servedBy applies to resourceList (exclusive) pools: DRA hands out whole VFs; shared HCAs are served by the device plugin", `""`},
 	}
 )
+
+// unsupportedKey says why a key is refused when set, and how to write
+// the value that asks for nothing.
+type unsupportedKey struct {
+	why, off string
+}
 
 // names reads resourceName and resourcePrefix and checks them.
 func names(e *value, f map[string]*value, r *Resource, defaultPrefix string) error {

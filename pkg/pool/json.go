@@ -204,9 +204,12 @@ func (v *value) strings() ([]string, error) {
 
 // fields matches o's keys case-insensitively against known (the keys in
 // their canonical spelling) and returns the values by canonical key. A key
-// in unsupported (by lower-case spelling) gets its own explanation; any
-// other unknown key is an error that lists what is accepted.
-func (o *object) fields(path string, known []string, unsupported map[string]string) (map[string]*value, error) {
+// in unsupported (by lower-case spelling) is ignored while its value is
+// off (see off): the SR-IOV Network Operator writes "NeedVhostNet": false
+// into every selector it renders. Set to anything else it is an error
+// with the key's own explanation; any other unknown key is an error that
+// lists what is accepted.
+func (o *object) fields(path string, known []string, unsupported map[string]unsupportedKey) (map[string]*value, error) {
 	byLower := make(map[string]string, len(known))
 	for _, k := range known {
 		byLower[strings.ToLower(k)] = k
@@ -218,8 +221,11 @@ func (o *object) fields(path string, known []string, unsupported map[string]stri
 			out[canon] = o.vals[k]
 			continue
 		}
-		if why, ok := unsupported[lk]; ok {
-			return nil, fmt.Errorf("%s: %s", join(path, k), why)
+		if u, ok := unsupported[lk]; ok {
+			if o.vals[k].off() {
+				continue
+			}
+			return nil, fmt.Errorf("%s: %s (remove the key, or set it to %s)", join(path, k), u.why, u.off)
 		}
 		sorted := append([]string(nil), known...)
 		sort.Strings(sorted)
@@ -233,4 +239,26 @@ func orConfig(path string) string {
 		return "config"
 	}
 	return path
+}
+
+// off reports whether v is the zero value of its JSON kind — null, false,
+// 0, "", [] or {} — what a Go encoder writes for a field it was never
+// given: an option that asks for nothing.
+func (v *value) off() bool {
+	switch x := v.v.(type) {
+	case nil:
+		return true
+	case bool:
+		return !x
+	case string:
+		return x == ""
+	case json.Number:
+		f, err := x.Float64()
+		return err == nil && f == 0
+	case []*value:
+		return len(x) == 0
+	case *object:
+		return len(x.keys) == 0
+	}
+	return false
 }

@@ -106,6 +106,95 @@ func TestParseVariants(t *testing.T) {
 	require.Equal(t, []string{"Ethernet"}, r.Selectors[1].LinkTypes)
 }
 
+// What the SR-IOV Network Operator writes into the device plugin's
+// ConfigMap: json.Marshal of sriov-network-device-plugin's
+// ResourceConfList, with each entry's selectors json.Marshal of its
+// NetDeviceSelectors. Their untagged fields come out under their Go
+// names whether set or not: "IsRdma", "NeedVhostNet" (untagged in the
+// version the operator vendors, a5a7395, and until v3.11.0) and the
+// entry's "SelectorObj" (later "SelectorObjs"), null. Those that ask for
+// nothing load; one that asks for what fastpath does not do stays an
+// error (TestUnsupportedKeysRefusedWhenOn).
+func TestOperatorRenderedConfig(t *testing.T) {
+	want := []pool.Selector{{Vendors: []string{"15b3"}, Devices: []string{"101e"},
+		PFNames: []pool.VFSet{{PF: "ibp24s0"}}, LinkTypes: []string{"InfiniBand"}, IsRdma: true}}
+	tests := []struct{ name, config string }{
+		{"operator vendoring sriov-network-device-plugin a5a7395",
+			`{"resourceList":[{"resourceName":"mlnx_sriov_rdma","selectors":{"vendors":["15b3"],"devices":["101e"],"pfNames":["ibp24s0"],"linkTypes":["infiniband"],"IsRdma":true,"NeedVhostNet":false},"SelectorObj":null}]}`},
+		{"operator vendoring sriov-network-device-plugin v3.6-v3.10",
+			`{"resourceList":[{"resourceName":"mlnx_sriov_rdma","selectors":{"vendors":["15b3"],"devices":["101e"],"pfNames":["ibp24s0"],"linkTypes":["infiniband"],"IsRdma":true,"NeedVhostNet":false},"SelectorObjs":null}]}`},
+		{"every unsupported key off",
+			`{"resourceList":[{"resourceName":"mlnx_sriov_rdma","rdmaHcaMax":0,"additionalInfo":{},"SelectorObj":[],
+			  "selectors":{"vendors":["15b3"],"devices":["101e"],"pfNames":["ibp24s0"],"linkTypes":["infiniband"],"isRdma":true,
+			               "needVhostNet":false,"ddpProfiles":[],"vdpaType":"","pKeys":[],"acpiIndexes":null,"auxTypes":[]}}]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := pool.Parse([]byte(tt.config))
+			require.NoError(t, err)
+			require.Empty(t, cfg.Warnings)
+			require.Len(t, cfg.Resources, 1)
+			require.Equal(t, "mellanox.com/mlnx_sriov_rdma", cfg.Resources[0].ResourceName())
+			require.Equal(t, want, cfg.Resources[0].Selectors)
+		})
+	}
+	// A configList entry's options of resourceList pools, off.
+	cfg, err := pool.Parse([]byte(`{"configList":[{"resourceName":"a","rdmaHcaMax":2,"deviceType":"","allocationPolicy":"","servedBy":"",
+		"selectors":{"vendors":["15b3"],"needVhostNet":false,"pKeys":[]}}]}`))
+	require.NoError(t, err)
+	require.Equal(t, []pool.Selector{{Vendors: []string{"15b3"}}}, cfg.Resources[0].Selectors)
+}
+
+// Every key fastpath refuses as unsupported is still refused, with its
+// explanation and what to do, when its value asks for something.
+func TestUnsupportedKeysRefusedWhenOn(t *testing.T) {
+	sel := func(kv string) string {
+		return `{"resourceList":[{"resourceName":"vfs","selectors":{"vendors":["15b3"],"IsRdma":true,` + kv + `}}]}`
+	}
+	entry := func(kv string) string {
+		return `{"resourceList":[{"resourceName":"vfs",` + kv + `,"selectors":{"vendors":["15b3"]}}]}`
+	}
+	shared := func(kv string) string {
+		return `{"configList":[{"resourceName":"hcas","rdmaHcaMax":2,` + kv + `,"selectors":{"vendors":["15b3"]}}]}`
+	}
+	tests := []struct{ name, config, want string }{
+		{"needVhostNet", sel(`"NeedVhostNet":true`),
+			"resourceList[0].selectors.NeedVhostNet: needVhostNet is not supported: fastpath does not hand out /dev/vhost-net (remove the key, or set it to false)"},
+		{"vdpaType", sel(`"vdpaType":"virtio"`),
+			`resourceList[0].selectors.vdpaType: vdpaType is not supported: fastpath does not hand out vDPA devices (remove the key, or set it to "")`},
+		{"pKeys", sel(`"pKeys":["0x7fff"]`),
+			"resourceList[0].selectors.pKeys: pKeys is not supported: partition keys are not read during discovery (remove the key, or set it to [])"},
+		{"ddpProfiles", sel(`"ddpProfiles":["GTPv1-U"]`),
+			"resourceList[0].selectors.ddpProfiles: ddpProfiles select Intel DDP profiles and can never match a Mellanox/NVIDIA function (remove the key, or set it to [])"},
+		{"acpiIndexes", sel(`"acpiIndexes":["101"]`),
+			"resourceList[0].selectors.acpiIndexes: acpiIndexes is not supported (remove the key, or set it to [])"},
+		{"auxTypes", sel(`"auxTypes":["eth"]`),
+			"resourceList[0].selectors.auxTypes: auxTypes is not supported: scalable functions are not discovered (remove the key, or set it to [])"},
+		{"needVhostNet not a bool", sel(`"needVhostNet":"false"`),
+			`resourceList[0].selectors.needVhostNet: needVhostNet is not supported: fastpath does not hand out /dev/vhost-net (remove the key, or set it to false)`},
+		{"rdmaHcaMax", entry(`"rdmaHcaMax":3`),
+			"resourceList[0].rdmaHcaMax: rdmaHcaMax applies to configList (shared) pools; a resourceList pool hands out whole VFs (remove the key, or set it to 0)"},
+		{"additionalInfo", entry(`"additionalInfo":{"*":{"k":"v"}}`),
+			"resourceList[0].additionalInfo: additionalInfo is not supported: fastpath puts each device's details in PCIDEVICE_<RESOURCE>_INFO (remove the key, or set it to {})"},
+		{"SelectorObj", entry(`"SelectorObj":{"vendors":["15b3"]}`),
+			"resourceList[0].SelectorObj: SelectorObj is sriov-network-device-plugin's internal field, not configuration; give the selectors in selectors (remove the key, or set it to null)"},
+		{"SelectorObjs", entry(`"SelectorObjs":[{"vendors":["15b3"]}]`),
+			"resourceList[0].SelectorObjs: SelectorObjs is sriov-network-device-plugin's internal field"},
+		{"shared deviceType", shared(`"deviceType":"netDevice"`),
+			`configList[0].deviceType: deviceType applies to resourceList (exclusive) pools (remove the key, or set it to "")`},
+		{"shared allocationPolicy", shared(`"allocationPolicy":"spread"`), "configList[0].allocationPolicy: allocationPolicy applies to resourceList"},
+		{"shared servedBy", shared(`"servedBy":"dra"`), "configList[0].servedBy: servedBy applies to resourceList"},
+		{"shared selector", `{"configList":[{"resourceName":"hcas","rdmaHcaMax":2,"selectors":{"vendors":["15b3"],"needVhostNet":true}}]}`,
+			"configList[0].selectors.needVhostNet: needVhostNet is not supported"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := pool.Parse([]byte(tt.config))
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	excl := func(sel string) string {
 		return `{"resourceList":[{"resourceName":"vfs","selectors":` + sel + `}]}`
