@@ -76,10 +76,7 @@ func claimSpec(devs []claimDevice, rdmaCM, root string) (*cdispec.Spec, error) {
 			infos[env] = map[string]plugin.DeviceInfo{}
 		}
 		addrs[env] = append(addrs[env], d.PCIAddress)
-		infos[env][d.PCIAddress] = plugin.DeviceInfo{
-			PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, CharDevices: appendNonEmpty(d.CharDevicePaths(), cm), VFIODevices: d.VFIODevices,
-			Netdev: d.Netdev, PFPCIAddress: d.PFAddress, PFNetdev: d.PFNetdev, LinkType: d.LinkType, NUMANode: d.NUMANode,
-		}
+		infos[env][d.PCIAddress] = plugin.NewDeviceInfo(d, cm)
 		if c.res.NCCLEnv && d.RDMADevice != "" && !d.IsVFIO() {
 			hcas = append(hcas, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 		}
@@ -118,13 +115,6 @@ func devicePaths(d *nic.Device) []string {
 		return d.VFIODevices
 	}
 	return d.CharDevicePaths()
-}
-
-func appendNonEmpty(list []string, s string) []string {
-	if s == "" {
-		return list
-	}
-	return append(list, s)
 }
 
 func hostPath(root, path string) string {

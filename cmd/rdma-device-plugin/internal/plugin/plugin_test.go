@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
@@ -312,15 +311,19 @@ func TestServeDGX(t *testing.T) {
 		require.Equal(t, "mlx5_12:1,mlx5_16:1", cr.Envs["UCX_NET_DEVICES"])
 		require.NotContains(t, cr.Envs, "NCCL_IB_GID_INDEX")
 		require.Len(t, cr.Envs, 4)
-		var info map[string]DeviceInfo
-		require.NoError(t, json.Unmarshal([]byte(cr.Envs["PCIDEVICE_MELLANOX_COM_RAILS_INFO"]), &info))
-		require.Equal(t, DeviceInfo{
-			PCIAddress: "0000:18:00.1", RDMADevice: "mlx5_12",
-			CharDevices: []string{"/dev/infiniband/uverbs14", "/dev/infiniband/umad12", "/dev/infiniband/issm12", "/dev/infiniband/rdma_cm"},
-			Netdev:      "ibp24s0v0", PFPCIAddress: "0000:18:00.0", PFNetdev: "ibp24s0", LinkType: "InfiniBand", NUMANode: 0,
-		}, info["0000:18:00.1"])
-		require.Equal(t, "mlx5_16", info["0000:40:00.1"].RDMADevice)
-		require.Len(t, info, 2)
+		// fastpath's fields and sriov-network-device-plugin's generic
+		// and rdma objects, per VF (info_test.go has the other shapes).
+		require.Equal(t, `{"0000:18:00.1":{"pciAddress":"0000:18:00.1","rdmaDevice":"mlx5_12",`+
+			`"charDevices":["/dev/infiniband/uverbs14","/dev/infiniband/umad12","/dev/infiniband/issm12","/dev/infiniband/rdma_cm"],`+
+			`"netdev":"ibp24s0v0","pfPciAddress":"0000:18:00.0","pfNetdev":"ibp24s0","linkType":"InfiniBand","numaNode":0,`+
+			`"generic":{"deviceID":"0000:18:00.1"},`+
+			`"rdma":{"issm":"/dev/infiniband/issm12","rdma_cm":"/dev/infiniband/rdma_cm","rdma_dev":"mlx5_12","umad":"/dev/infiniband/umad12","uverbs":"/dev/infiniband/uverbs14"}},`+
+			`"0000:40:00.1":{"pciAddress":"0000:40:00.1","rdmaDevice":"mlx5_16",`+
+			`"charDevices":["/dev/infiniband/uverbs18","/dev/infiniband/umad16","/dev/infiniband/issm16","/dev/infiniband/rdma_cm"],`+
+			`"netdev":"ibp64s0v0","pfPciAddress":"0000:40:00.0","pfNetdev":"ibp64s0","linkType":"InfiniBand","numaNode":0,`+
+			`"generic":{"deviceID":"0000:40:00.1"},`+
+			`"rdma":{"issm":"/dev/infiniband/issm16","rdma_cm":"/dev/infiniband/rdma_cm","rdma_dev":"mlx5_16","umad":"/dev/infiniband/umad16","uverbs":"/dev/infiniband/uverbs18"}}}`,
+			cr.Envs["PCIDEVICE_MELLANOX_COM_RAILS_INFO"])
 		require.Len(t, cr.CdiDevices, 2)
 		require.Equal(t, "mellanox.com/rails=0000:18:00.1", cr.CdiDevices[0].Name)
 		require.Equal(t, "mellanox.com/rails=0000:40:00.1", cr.CdiDevices[1].Name)

@@ -246,19 +246,6 @@ func quoteID(id string) string {
 	return strconv.Quote(id[:maxQuoted]) + fmt.Sprintf("… (%d bytes)", len(id))
 }
 
-// DeviceInfo is one PCI function in PCIDEVICE_<PREFIX>_<NAME>_INFO.
-type DeviceInfo struct {
-	PCIAddress   string   `json:"pciAddress"`
-	RDMADevice   string   `json:"rdmaDevice,omitempty"`
-	CharDevices  []string `json:"charDevices,omitempty"`
-	VFIODevices  []string `json:"vfioDevices,omitempty"`
-	Netdev       string   `json:"netdev,omitempty"`
-	PFPCIAddress string   `json:"pfPciAddress,omitempty"`
-	PFNetdev     string   `json:"pfNetdev,omitempty"`
-	LinkType     string   `json:"linkType,omitempty"`
-	NUMANode     int      `json:"numaNode"`
-}
-
 func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	s.mu.Lock()
 	v := s.v
@@ -359,10 +346,7 @@ func (s *server) containerResponse(v served, devs []*nic.Device) *pluginapi.Cont
 	seen := map[string]bool{}
 	for _, d := range devs {
 		addrs = append(addrs, d.PCIAddress)
-		info[d.PCIAddress] = DeviceInfo{
-			PCIAddress: d.PCIAddress, RDMADevice: d.RDMADevice, CharDevices: charDevicePaths(d, rdmaCM), VFIODevices: d.VFIODevices,
-			Netdev: d.Netdev, PFPCIAddress: d.PFAddress, PFNetdev: d.PFNetdev, LinkType: d.LinkType, NUMANode: d.NUMANode,
-		}
+		info[d.PCIAddress] = NewDeviceInfo(d, rdmaCM)
 		if d.RDMADevice != "" && !d.IsVFIO() {
 			hcas = append(hcas, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 			ucx = append(ucx, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
