@@ -22,7 +22,7 @@ const CNIPath = "github.com/fastpath-k8s/fastpath/cmd/sriov-cni"
 // CNIVersions are the CNI spec versions this build's sriov supports; the
 // installed binary's VERSION answer must list them all (a test builds
 // cmd/sriov-cni and holds it to this list).
-var CNIVersions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+var CNIVersions = []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 
 const versionPkg = "github.com/fastpath-k8s/fastpath/internal/version"
 
