@@ -20,19 +20,50 @@ import (
 // Multus (v4.3.0) takes what follows "=" in the CDI names that the
 // kubelet's PodResources API lists for a claim as the deviceID it hands to
 // the CNI, so the name of a VF's CDI device is its PCI address.
+//
+// A VF has one such name, and every claim's spec that defines it defines
+// the same qualified name: the CDI cache drops a name that two spec files
+// define (a conflict), and the runtime then fails to start any container
+// that references it. Only admin access lets a second claim prepare a VF
+// that a claim holds, so a claim with an admin-access result names its
+// devices in a class of its own, AdminCDIClass, and "vf" stays the name of
+// the one claim that holds a VF exclusively.
 const (
 	CDIVendor = DriverName
 	CDIClass  = "vf"
 	CDIKind   = CDIVendor + "/" + CDIClass
 )
 
-// CDIDeviceID is the fully qualified CDI name of the VF at pciAddress.
+// adminCDIClassPrefix starts the CDI class of an admin-access claim.
+const adminCDIClassPrefix = "vf-admin-"
+
+// AdminCDIClass is the CDI class of the devices of a claim with an
+// admin-access result: "vf-admin-<claim UID>", which no other claim can
+// define. What follows "=" stays the VF's PCI address.
+func AdminCDIClass(claim types.UID) string { return adminCDIClassPrefix + string(claim) }
+
+// CDIDeviceID is the fully qualified CDI name of the VF at pciAddress for
+// a claim without admin access.
 func CDIDeviceID(pciAddress string) string {
 	return parser.QualifiedName(CDIVendor, CDIClass, pciAddress)
 }
 
+// cdiClass is the CDI class of a claim's devices: CDIClass, or the
+// claim's own AdminCDIClass when admin is set.
+func cdiClass(claim types.UID, admin bool) (string, error) {
+	if !admin {
+		return CDIClass, nil
+	}
+	class := AdminCDIClass(claim)
+	if err := parser.ValidateClassName(class); err != nil {
+		return "", fmt.Errorf("cdi: claim UID %q cannot name a CDI class: %w", claim, err)
+	}
+	return class, nil
+}
+
 // CDISpecName is the file name of a claim's CDI spec: one transient spec
-// per claim, named after its UID, removed on Unprepare.
+// per claim, named after its UID (whatever the class of its devices, so
+// the name is the same for an admin-access claim), removed on Unprepare.
 func CDISpecName(claim types.UID) string {
 	return cdi.GenerateTransientSpecName(CDIVendor, CDIClass, string(claim)) + ".json"
 }
@@ -46,15 +77,15 @@ type claimDevice struct {
 	dev *nic.Device
 }
 
-// claimSpec is the CDI spec of one claim: a CDI device per VF with exactly
-// that VF's char devices (or its vfio group), and, for the claim as a
-// whole, the node's rdma_cm (a host path, "" when none) and the
+// claimSpec is the CDI spec of one claim, of the given CDI class: a CDI
+// device per VF with exactly that VF's char devices (or its vfio group),
+// and, for the claim as a whole, the node's rdma_cm (a host path, "" when none) and the
 // environment the device plugin's Allocate gives a container —
 // PCIDEVICE_<PREFIX>_<NAME>(_INFO) per pool, NCCL_IB_HCA and
 // UCX_NET_DEVICES naming all of the claim's VFs of the pool that sets them
 // (pool.Resource.NCCLEnv) at once. Host paths are under root, the node's.
-func claimSpec(devs []claimDevice, rdmaCM, root string) (*cdispec.Spec, error) {
-	spec := &cdispec.Spec{Kind: CDIKind}
+func claimSpec(class string, devs []claimDevice, rdmaCM, root string) (*cdispec.Spec, error) {
+	spec := &cdispec.Spec{Kind: CDIVendor + "/" + class}
 	addrs := map[string][]string{} // env name → PCI addresses
 	infos := map[string]map[string]plugin.DeviceInfo{}
 	var envOrder, hcas []string

@@ -42,11 +42,16 @@ type preparedClaim struct {
 
 // preparedDevice is one of the claim's allocation results of this driver.
 type preparedDevice struct {
-	Request     string `json:"request"`
-	Pool        string `json:"pool"`
-	Device      string `json:"device"`
-	PCIAddress  string `json:"pciAddress"`
-	Resource    string `json:"resource"`
+	Request    string `json:"request"`
+	Pool       string `json:"pool"`
+	Device     string `json:"device"`
+	PCIAddress string `json:"pciAddress"`
+	Resource   string `json:"resource"`
+	// CDIDeviceID is the CDI name the device was prepared under and the
+	// kubelet was given: "rdma.fastpath-k8s.io/vf=<bdf>", or in the
+	// claim's own class (AdminCDIClass) for a claim with admin access. A
+	// restarted plugin answers a Prepare of a claim whose VFs left the
+	// scan with it.
 	CDIDeviceID string `json:"cdiDeviceID"`
 	AdminAccess bool   `json:"adminAccess,omitempty"`
 }

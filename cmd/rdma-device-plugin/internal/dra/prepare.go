@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
@@ -55,6 +56,16 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 			return nil, fmt.Errorf("claim %s/%s: %s takes no opaque parameters (remove the config for driver %s)", c.Namespace, c.Name, DriverName, DriverName)
 		}
 	}
+	admin := false
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver == DriverName && r.AdminAccess != nil && *r.AdminAccess {
+			admin = true
+		}
+	}
+	class, err := cdiClass(c.UID, admin)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+	}
 	rec := &preparedClaim{Namespace: c.Namespace, Name: c.Name, CDISpec: CDISpecName(c.UID)}
 	var devs []claimDevice
 	var result []kubeletplugin.Device
@@ -75,8 +86,8 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 			}
 			return nil, fmt.Errorf("claim %s/%s: device %s is not (or no longer) a VF served by DRA on node %s", c.Namespace, c.Name, r.Device, d.opts.NodeName)
 		}
-		admin := r.AdminAccess != nil && *r.AdminAccess
-		if !admin {
+		isAdmin := r.AdminAccess != nil && *r.AdminAccess
+		if !isAdmin {
 			if uid, other := d.cp.owner(e.dev.PCIAddress, c.UID); other != nil {
 				return nil, fmt.Errorf("claim %s/%s: VF %s is already prepared for claim %s/%s (%s); refusing to hand it out twice",
 					c.Namespace, c.Name, e.dev.PCIAddress, other.Namespace, other.Name, uid)
@@ -85,9 +96,9 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 		if !e.dev.IsVFIO() && !e.dev.HasUverbs() {
 			return nil, fmt.Errorf("claim %s/%s: VF %s (%s) has no RDMA char devices under %s (is ib_uverbs loaded?)", c.Namespace, c.Name, e.dev.PCIAddress, e.dev.RDMADevice, rdma.DevDir)
 		}
-		id := CDIDeviceID(e.dev.PCIAddress)
+		id := parser.QualifiedName(CDIVendor, class, e.dev.PCIAddress)
 		rec.Devices = append(rec.Devices, preparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device,
-			PCIAddress: e.dev.PCIAddress, Resource: e.res.ResourceName(), CDIDeviceID: id, AdminAccess: admin})
+			PCIAddress: e.dev.PCIAddress, Resource: e.res.ResourceName(), CDIDeviceID: id, AdminAccess: isAdmin})
 		if !slices.ContainsFunc(devs, func(cd claimDevice) bool { return cd.dev == e.dev }) {
 			devs = append(devs, claimDevice{res: e.res, dev: e.dev})
 		}
@@ -96,7 +107,7 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 	if len(devs) == 0 {
 		return nil, nil // nothing of ours in the claim
 	}
-	spec, err := claimSpec(devs, d.rdmaCM, d.opts.NodeRoot)
+	spec, err := claimSpec(class, devs, d.rdmaCM, d.opts.NodeRoot)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 	}
