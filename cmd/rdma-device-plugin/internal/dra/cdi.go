@@ -78,17 +78,17 @@ type claimDevice struct {
 }
 
 // claimSpec is the CDI spec of one claim, of the given CDI class: a CDI
-// device per VF with exactly that VF's char devices (or its vfio group),
-// and, for the claim as a whole, the node's rdma_cm (a host path, "" when none) and the
-// environment the device plugin's Allocate gives a container —
+// device per VF of devs with exactly that VF's char devices (or its vfio
+// group) and, for the claim as a whole, the node's rdma_cm (a host path,
+// "" when none) when one of devs has an RDMA device, and the environment
+// the device plugin's Allocate gives a container for the VFs of env —
 // PCIDEVICE_<PREFIX>_<NAME>(_INFO) per pool, NCCL_IB_HCA and
-// UCX_NET_DEVICES naming all of the claim's VFs of the pool that sets them
-// (pool.Resource.NCCLEnv) at once. Host paths are under root, the node's.
-func claimSpec(class string, devs []claimDevice, rdmaCM, root string) (*cdispec.Spec, error) {
+// UCX_NET_DEVICES naming all of them of the pool that sets them
+// (pool.Resource.NCCLEnv) at once. env is devs, or a superset of it in
+// the order every claim of the pod uses (see envPeers). Host paths are
+// under root, the node's.
+func claimSpec(class string, devs, env []claimDevice, rdmaCM, root string) (*cdispec.Spec, error) {
 	spec := &cdispec.Spec{Kind: CDIVendor + "/" + class}
-	addrs := map[string][]string{} // env name → PCI addresses
-	infos := map[string]map[string]plugin.DeviceInfo{}
-	var envOrder, hcas []string
 	needCM := false
 	for _, c := range devs {
 		d := c.dev
@@ -96,19 +96,28 @@ func claimSpec(class string, devs []claimDevice, rdmaCM, root string) (*cdispec.
 		for _, p := range devicePaths(d) {
 			nodes = append(nodes, &cdispec.DeviceNode{Path: p, HostPath: hostPath(root, p), Permissions: "rw"})
 		}
-		cm := ""
-		if d.RDMADevice != "" && !d.IsVFIO() && rdmaCM != "" {
-			cm, needCM = rdmaCM, true
+		if usesRDMA(d) && rdmaCM != "" {
+			needCM = true
 		}
 		spec.Devices = append(spec.Devices, cdispec.Device{Name: d.PCIAddress, ContainerEdits: cdispec.ContainerEdits{DeviceNodes: nodes}})
-		env := plugin.EnvName(c.res.Prefix, c.res.Name)
-		if _, ok := addrs[env]; !ok {
-			envOrder = append(envOrder, env)
-			infos[env] = map[string]plugin.DeviceInfo{}
+	}
+	addrs := map[string][]string{} // env name → PCI addresses
+	infos := map[string]map[string]plugin.DeviceInfo{}
+	var envOrder, hcas []string
+	for _, c := range env {
+		d := c.dev
+		cm := ""
+		if usesRDMA(d) {
+			cm = rdmaCM
 		}
-		addrs[env] = append(addrs[env], d.PCIAddress)
-		infos[env][d.PCIAddress] = plugin.NewDeviceInfo(d, cm)
-		if c.res.NCCLEnv && d.RDMADevice != "" && !d.IsVFIO() {
+		name := plugin.EnvName(c.res.Prefix, c.res.Name)
+		if _, ok := addrs[name]; !ok {
+			envOrder = append(envOrder, name)
+			infos[name] = map[string]plugin.DeviceInfo{}
+		}
+		addrs[name] = append(addrs[name], d.PCIAddress)
+		infos[name][d.PCIAddress] = plugin.NewDeviceInfo(d, cm)
+		if c.res.NCCLEnv && usesRDMA(d) {
 			hcas = append(hcas, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 		}
 	}
@@ -116,12 +125,12 @@ func claimSpec(class string, devs []claimDevice, rdmaCM, root string) (*cdispec.
 	if needCM {
 		edits.DeviceNodes = []*cdispec.DeviceNode{{Path: rdmaCM, HostPath: hostPath(root, rdmaCM), Permissions: "rw"}}
 	}
-	for _, env := range envOrder {
-		info, err := json.Marshal(infos[env])
+	for _, name := range envOrder {
+		info, err := json.Marshal(infos[name])
 		if err != nil {
 			return nil, err
 		}
-		edits.Env = append(edits.Env, env+"="+strings.Join(addrs[env], ","), env+"_INFO="+string(info))
+		edits.Env = append(edits.Env, name+"="+strings.Join(addrs[name], ","), name+"_INFO="+string(info))
 	}
 	if len(hcas) > 0 {
 		// NCCL's exact-match syntax ("=" first: mlx5_1 does not also
@@ -138,6 +147,10 @@ func claimSpec(class string, devs []claimDevice, rdmaCM, root string) (*cdispec.
 	spec.Version = v
 	return spec, nil
 }
+
+// usesRDMA reports whether a VF is used through its RDMA device (not
+// vfio-pci): it then comes with rdma_cm and is named in NCCL_IB_HCA.
+func usesRDMA(d *nic.Device) bool { return d.RDMADevice != "" && !d.IsVFIO() }
 
 // devicePaths are the device nodes of one VF alone (host paths, without
 // any root): its vfio group for a vfio-pci VF, else its RDMA char devices.

@@ -26,7 +26,7 @@ func TestClaimInfoEnvHasPeerKeys(t *testing.T) {
 		}
 	}
 	require.Len(t, devs, 2)
-	spec, err := claimSpec(devs, rdma.RDMACMPath, "/")
+	spec, err := claimSpec(CDIClass, devs, devs, rdma.RDMACMPath, "/")
 	require.NoError(t, err)
 	var info string
 	for _, kv := range spec.ContainerEdits.Env {

@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,14 +32,34 @@ func DevInfoPath(dir, claimName, pciAddress string) string {
 // a CDI spec with its VFs and a device-info file per VF, recorded in the
 // checkpoint first so that a crash in between still cleans up. Results of
 // other drivers in the claim (a GPU) are not ours and are skipped.
+//
+// The claims are one batch: the kubelet prepares all of a pod's claims of
+// one driver that are not prepared yet in one call, and marks none of them
+// prepared unless all succeed (a retry is the whole batch again). Every
+// claim of the batch is checked first, and the environment of each spec is
+// then the one of the claim's pod (envPeers); the files are written last.
 func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	plans := make([]*claimPlan, 0, len(claims))
 	for _, c := range claims {
-		devs, err := d.prepareLocked(c)
+		p, err := d.planLocked(c, plans)
+		if err != nil {
+			p = &claimPlan{claim: c, err: err}
+		}
+		plans = append(plans, p)
+	}
+	envPeers(plans)
+	for _, p := range plans {
+		c := p.claim
+		devs, err := p.result, p.err
+		if err == nil && p.write {
+			devs, err = d.writeLocked(p)
+		}
 		if err != nil {
 			d.log.Error("dra: prepare failed", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "err", err)
+			devs = nil
 		} else {
 			d.log.Info("dra: claim prepared", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "devices", len(devs))
 		}
@@ -47,7 +68,30 @@ func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.
 	return out, nil
 }
 
-func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+// claimPlan is one claim of a Prepare batch, checked and resolved to its
+// VFs before anything is written.
+type claimPlan struct {
+	claim *resourceapi.ResourceClaim
+	err   error
+	// result is the answer to the kubelet when err is nil.
+	result []kubeletplugin.Device
+	// write is set when the claim's files are to be written (it has VFs
+	// of ours, and is not one prepared before whose VFs left the scan).
+	write bool
+	rec   *preparedClaim
+	class string // the CDI class of its devices
+	// devs are the claim's VFs: the devices of its spec. env are the VFs
+	// its spec's environment names (envPeers): devs, or the VFs of every
+	// claim of its pod in the batch.
+	devs, env []claimDevice
+	// pod is the one pod the claim is reserved for, "" when it is shared
+	// (or reserved for no pod, or for something else).
+	pod types.UID
+}
+
+// planLocked checks a claim and resolves its VFs; earlier are the claims
+// before it in the batch, whose VFs it must not take either.
+func (d *Driver) planLocked(c *resourceapi.ResourceClaim, earlier []*claimPlan) (*claimPlan, error) {
 	if c.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", c.Namespace, c.Name)
 	}
@@ -66,9 +110,8 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 	if err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 	}
-	rec := &preparedClaim{Namespace: c.Namespace, Name: c.Name, CDISpec: CDISpecName(c.UID)}
-	var devs []claimDevice
-	var result []kubeletplugin.Device
+	p := &claimPlan{claim: c, class: class, pod: reservedForOnePod(c),
+		rec: &preparedClaim{Namespace: c.Namespace, Name: c.Name, CDISpec: CDISpecName(c.UID)}}
 	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
 			continue
@@ -82,7 +125,7 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 				// Prepared before and now out of this scan's pools (its
 				// netdev and RDMA device are in the pod): what was written
 				// still stands.
-				return resultOf(prev), nil
+				return &claimPlan{claim: c, result: resultOf(prev)}, nil
 			}
 			return nil, fmt.Errorf("claim %s/%s: device %s is not (or no longer) a VF served by DRA on node %s", c.Namespace, c.Name, r.Device, d.opts.NodeName)
 		}
@@ -92,38 +135,128 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 				return nil, fmt.Errorf("claim %s/%s: VF %s is already prepared for claim %s/%s (%s); refusing to hand it out twice",
 					c.Namespace, c.Name, e.dev.PCIAddress, other.Namespace, other.Name, uid)
 			}
+			if other := takenIn(earlier, e.dev.PCIAddress); other != nil {
+				return nil, fmt.Errorf("claim %s/%s: VF %s is also allocated to claim %s/%s (%s), prepared in the same call; refusing to hand it out twice",
+					c.Namespace, c.Name, e.dev.PCIAddress, other.Namespace, other.Name, other.UID)
+			}
 		}
 		if !e.dev.IsVFIO() && !e.dev.HasUverbs() {
 			return nil, fmt.Errorf("claim %s/%s: VF %s (%s) has no RDMA char devices under %s (is ib_uverbs loaded?)", c.Namespace, c.Name, e.dev.PCIAddress, e.dev.RDMADevice, rdma.DevDir)
 		}
 		id := parser.QualifiedName(CDIVendor, class, e.dev.PCIAddress)
-		rec.Devices = append(rec.Devices, preparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device,
+		p.rec.Devices = append(p.rec.Devices, preparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device,
 			PCIAddress: e.dev.PCIAddress, Resource: e.res.ResourceName(), CDIDeviceID: id, AdminAccess: isAdmin})
-		if !slices.ContainsFunc(devs, func(cd claimDevice) bool { return cd.dev == e.dev }) {
-			devs = append(devs, claimDevice{res: e.res, dev: e.dev})
+		if !slices.ContainsFunc(p.devs, func(cd claimDevice) bool { return cd.dev == e.dev }) {
+			p.devs = append(p.devs, claimDevice{res: e.res, dev: e.dev})
 		}
-		result = append(result, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id}})
+		p.result = append(p.result, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id}})
 	}
-	if len(devs) == 0 {
-		return nil, nil // nothing of ours in the claim
+	if len(p.devs) == 0 {
+		return &claimPlan{claim: c}, nil // nothing of ours in the claim
 	}
-	spec, err := claimSpec(class, devs, d.rdmaCM, d.opts.NodeRoot)
+	p.write, p.env = true, p.devs
+	if d.opts.DevInfoDir != "" {
+		for _, cd := range p.devs {
+			p.rec.DevInfo = append(p.rec.DevInfo, DevInfoPath(d.opts.DevInfoDir, c.Name, cd.dev.PCIAddress))
+		}
+	}
+	return p, nil
+}
+
+// takenIn returns the claim of plans that takes the VF at a PCI address
+// (not for admin access), or nil.
+func takenIn(plans []*claimPlan, pciAddress string) *resourceapi.ResourceClaim {
+	for _, p := range plans {
+		if p.err != nil || p.rec == nil {
+			continue
+		}
+		for _, d := range p.rec.Devices {
+			if d.PCIAddress == pciAddress && !d.AdminAccess {
+				return p.claim
+			}
+		}
+	}
+	return nil
+}
+
+// reservedForOnePod is the pod a claim is reserved for when it is reserved
+// for exactly one consumer and that consumer is a pod, else "".
+func reservedForOnePod(c *resourceapi.ResourceClaim) types.UID {
+	if len(c.Status.ReservedFor) != 1 {
+		return ""
+	}
+	if r := c.Status.ReservedFor[0]; r.APIGroup == "" && r.Resource == "pods" {
+		return r.UID
+	}
+	return ""
+}
+
+// envPeers sets the environment of the claims of a batch to be written.
+//
+// CDI env edits are last-wins: a container with several claims (the
+// Multus pattern of one VF per claim: a pod with 8 rails has 8 claims)
+// gets every claim's device nodes but the NCCL_IB_HCA, UCX_NET_DEVICES and
+// PCIDEVICE_<POOL>(_INFO) of whichever spec the runtime applies last. So a
+// claim reserved for exactly one pod names in its environment the VFs of
+// every claim of the batch reserved for that same pod alone, in one order
+// (the claims by name, each claim's VFs in its results' order, a VF
+// once), the same in all of their specs: whichever is applied last, the
+// container is told of all of its pod's VFs. Device nodes stay per claim.
+// A shared claim (several consumers) names its own VFs only: the other
+// pods using it do not have its peers' devices.
+//
+// The pod's claims are in one batch because the kubelet prepares all of a
+// pod's unprepared claims of a driver at once. A claim prepared alone (a
+// batch of one) names its own VFs. A claim reserved for one pod that
+// another pod reserves later keeps the environment written for the first
+// pod: the kubelet does not prepare a prepared claim again. A claim
+// prepared before whose VFs have left the scan (into its pod) is not
+// written again, and the specs of its peers written in the same batch do
+// not name its VFs: the scan no longer has them.
+func envPeers(plans []*claimPlan) {
+	byPod := map[types.UID][]*claimPlan{}
+	for _, p := range plans {
+		if p.err == nil && p.write && p.pod != "" {
+			byPod[p.pod] = append(byPod[p.pod], p)
+		}
+	}
+	for _, group := range byPod {
+		if len(group) < 2 {
+			continue
+		}
+		group = slices.Clone(group)
+		slices.SortFunc(group, func(a, b *claimPlan) int {
+			return cmp.Or(cmp.Compare(a.claim.Namespace, b.claim.Namespace), cmp.Compare(a.claim.Name, b.claim.Name), cmp.Compare(a.claim.UID, b.claim.UID))
+		})
+		var env []claimDevice
+		for _, p := range group {
+			for _, cd := range p.devs {
+				if !slices.ContainsFunc(env, func(e claimDevice) bool { return e.dev.PCIAddress == cd.dev.PCIAddress }) {
+					env = append(env, cd)
+				}
+			}
+		}
+		for _, p := range group {
+			p.env = env
+		}
+	}
+}
+
+// writeLocked writes a planned claim's files, journalled in the checkpoint
+// first: whatever happens, Unprepare knows what to remove.
+func (d *Driver) writeLocked(p *claimPlan) ([]kubeletplugin.Device, error) {
+	c, rec := p.claim, p.rec
+	spec, err := claimSpec(p.class, p.devs, p.env, d.rdmaCM, d.opts.NodeRoot)
 	if err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 	}
-	if d.opts.DevInfoDir != "" {
-		for _, cd := range devs {
-			rec.DevInfo = append(rec.DevInfo, DevInfoPath(d.opts.DevInfoDir, c.Name, cd.dev.PCIAddress))
-		}
-	}
-	// Journal first: whatever happens below, Unprepare knows what to remove.
 	prev := d.cp.Claims[c.UID]
 	d.cp.Claims[c.UID] = rec
 	if err := d.cp.save(d.cpPath); err != nil {
 		d.restoreLocked(c.UID, prev)
 		return nil, err
 	}
-	if err := d.writeClaimFiles(rec, spec, devs); err != nil {
+	if err := d.writeClaimFiles(rec, spec, p.devs); err != nil {
 		if prev == nil {
 			d.removeClaimFiles(rec)
 		}
@@ -136,9 +269,9 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 	if prev != nil {
 		// A re-prepare that changed files (not the spec: same UID, same
 		// name): drop device-info files no longer listed.
-		for _, p := range prev.DevInfo {
-			if !slices.Contains(rec.DevInfo, p) {
-				_ = removeFile(p)
+		for _, f := range prev.DevInfo {
+			if !slices.Contains(rec.DevInfo, f) {
+				_ = removeFile(f)
 			}
 		}
 	}
@@ -146,7 +279,7 @@ func (d *Driver) prepareLocked(c *resourceapi.ResourceClaim) ([]kubeletplugin.De
 	if d.netdevGoneLocked(rec) {
 		d.republish("prepare") // its netdev's absence is no fault now
 	}
-	return result, nil
+	return p.result, nil
 }
 
 // netdevGoneLocked reports whether a VF of the claim has its netdev out of

@@ -3,6 +3,7 @@ package dra_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,7 +19,23 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
 )
+
+// reserve stores a claim's consumers as the scheduler does when it
+// reserves the claim for pods.
+func (e *testEnv) reserve(t testing.TB, c *resourceapi.ResourceClaim, pods ...types.UID) *resourceapi.ResourceClaim {
+	t.Helper()
+	c.Status.ReservedFor = nil
+	for _, uid := range pods {
+		c.Status.ReservedFor = append(c.Status.ReservedFor,
+			resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "pod-" + string(uid), UID: uid})
+	}
+	got, err := e.client.ResourceV1().ResourceClaims(c.Namespace).Update(context.Background(), c, metav1UpdateOptions)
+	require.NoError(t, err)
+	return got
+}
 
 // runtime loads the CDI directory as a container runtime does, from a
 // copy whose device nodes' host paths are /dev/null: the fixture's /dev
@@ -97,7 +114,102 @@ func cdiIDs(t testing.TB, resp map[string]*drapbv1.NodePrepareResourceResponse, 
 	return ids
 }
 
+// railVFs are the VF 0 of each of the fixture's rails, in PCI order.
+func railVFs(t testing.TB, e *testEnv) []nicDevice {
+	t.Helper()
+	var out []nicDevice
+	for _, p := range e.scan.Pools {
+		if !dra.Serves(&p) {
+			continue
+		}
+		for _, d := range p.Devices {
+			if d.VFIndex == 0 {
+				out = append(out, d)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b nicDevice) int { return strings.Compare(a.PCIAddress, b.PCIAddress) })
+	return out
+}
+
 const envPool = "PCIDEVICE_MELLANOX_COM_MLNX_SRIOV_RDMA"
+
+// The Multus pattern: one VF per claim, a claim per rail, all reserved for
+// one pod and prepared in one call. Whichever claim's spec the runtime
+// applies last, the container is told of every VF it has; each claim's
+// CDI device still has its own VF's nodes only.
+func TestPrepareOnePodsClaimsNameAllItsVFs(t *testing.T) {
+	for _, rails := range []int{2, 8} {
+		t.Run(fmt.Sprintf("%d claims", rails), func(t *testing.T) {
+			e := newTestEnv(t, fixtureRoot("dgx-h100"), "dra.json")
+			e.start(t)
+			k := e.register(t)
+			vfs := railVFs(t, e)
+			require.GreaterOrEqual(t, len(vfs), rails)
+			vfs = vfs[:rails]
+			var claims []*resourceapi.ResourceClaim
+			var addrs, hcas []string
+			for i, v := range vfs {
+				c := e.claim(t, fmt.Sprintf("rank-0-rail%d", i), vf("vf", v.PCIAddress))
+				claims = append(claims, e.reserve(t, c, "pod-0"))
+				addrs = append(addrs, v.PCIAddress)
+				hcas = append(hcas, v.RDMADevice+":1")
+			}
+			// The kubelet's batch is in the pod's order, whatever it is:
+			// the env must not depend on it.
+			batch := slices.Clone(claims)
+			slices.Reverse(batch)
+			resp := k.prepare(t, batch...)
+			ids := cdiIDs(t, resp, claims...)
+			require.Len(t, ids, rails)
+
+			rc := e.runtime(t)
+			want := map[string]string{
+				envPool:           strings.Join(addrs, ","),
+				"NCCL_IB_HCA":     "=" + strings.Join(hcas, ","),
+				"UCX_NET_DEVICES": strings.Join(hcas, ","),
+			}
+			// Every order of application the runtime might use: the claims
+			// in the pod's order and reversed, and each claim alone last.
+			reversed := slices.Clone(ids)
+			slices.Reverse(reversed)
+			orders := [][]string{ids, reversed}
+			for _, id := range ids {
+				orders = append(orders, append(slices.DeleteFunc(slices.Clone(ids), func(s string) bool { return s == id }), id))
+			}
+			for _, order := range orders {
+				got := inject(t, rc, order...)
+				for k, v := range want {
+					require.Equal(t, v, got.env[k], "%s with the devices in order %v", k, order)
+				}
+				var info map[string]plugin.DeviceInfo
+				require.NoError(t, json.Unmarshal([]byte(got.env[envPool+"_INFO"]), &info))
+				require.Len(t, info, rails)
+				for _, v := range vfs {
+					require.Equal(t, v.RDMADevice, info[v.PCIAddress].RDMADevice)
+					require.Contains(t, info[v.PCIAddress].CharDevices, "/dev/infiniband/rdma_cm")
+				}
+			}
+
+			// Device nodes stay per claim: a claim's device is its VF's
+			// nodes, its spec adds rdma_cm.
+			for i, c := range claims {
+				got := inject(t, rc, cdiIDs(t, resp, c)...)
+				require.ElementsMatch(t, append(vfs[i].CharDevicePaths(), "/dev/infiniband/rdma_cm"), got.nodes, c.Name)
+				sp, err := cdi.ReadSpec(filepath.Join(e.cdiDir, dra.CDISpecName(c.UID)), 0)
+				require.NoError(t, err)
+				require.Len(t, sp.Devices, 1)
+				require.Equal(t, vfs[i].PCIAddress, sp.Devices[0].Name)
+			}
+
+			// Prepared again as one batch (the kubelet lost its state):
+			// the same specs.
+			before := specFiles(t, e)
+			cdiIDs(t, k.prepare(t, claims...), claims...)
+			require.Equal(t, before, specFiles(t, e))
+		})
+	}
+}
 
 // specFiles are the CDI directory's specs, by name.
 func specFiles(t testing.TB, e *testEnv) map[string]string {
@@ -111,6 +223,65 @@ func specFiles(t testing.TB, e *testEnv) map[string]string {
 		out[filepath.Base(f)] = string(data)
 	}
 	return out
+}
+
+// Only a claim reserved for exactly one pod names its pod's other claims'
+// VFs: a shared claim's other consumers do not have them, and claims of
+// another pod, or prepared in another call, are not the pod's peers.
+func TestPrepareEnvOfSharedAndLoneClaims(t *testing.T) {
+	e := newTestEnv(t, fixtureRoot("dgx-h100"), "dra.json")
+	e.start(t)
+	k := e.register(t)
+	vfs := railVFs(t, e)
+	require.GreaterOrEqual(t, len(vfs), 5)
+	addr := func(i int) string { return vfs[i].PCIAddress }
+
+	// Pod A: two claims of its own and one shared with pod B; pod C: one
+	// claim, in the same call.
+	a0 := e.reserve(t, e.claim(t, "a-rail0", vf("vf", addr(0))), "pod-a")
+	a1 := e.reserve(t, e.claim(t, "a-rail1", vf("vf", addr(1))), "pod-a")
+	shared := e.reserve(t, e.claim(t, "shared", vf("vf", addr(2))), "pod-a", "pod-b")
+	c0 := e.reserve(t, e.claim(t, "c-rail3", vf("vf", addr(3))), "pod-c")
+	resp := k.prepare(t, a0, shared, c0, a1)
+	rc := e.runtime(t)
+	for _, tc := range []struct {
+		claim *resourceapi.ResourceClaim
+		want  string
+	}{
+		{a0, addr(0) + "," + addr(1)},
+		{a1, addr(0) + "," + addr(1)},
+		{shared, addr(2)},
+		{c0, addr(3)},
+	} {
+		got := inject(t, rc, cdiIDs(t, resp, tc.claim)...)
+		require.Equal(t, tc.want, got.env[envPool], tc.claim.Name)
+	}
+	// Pod A's container with its own claims applied last is told of
+	// both of its own VFs (the shared claim cannot name them: pod B does
+	// not have them).
+	got := inject(t, rc, cdiIDs(t, resp, shared, a1, a0)...)
+	require.Equal(t, addr(0)+","+addr(1), got.env[envPool])
+
+	// A claim prepared alone later, for a pod of its own: its own VF,
+	// and the specs written before are left as they were.
+	before := specFiles(t, e)
+	late := e.reserve(t, e.claim(t, "late", vf("vf", addr(4))), "pod-d")
+	lateResp := k.prepare(t, late)
+	after := specFiles(t, e)
+	delete(after, dra.CDISpecName(late.UID))
+	require.Equal(t, before, after)
+	rc = e.runtime(t)
+	got = inject(t, rc, cdiIDs(t, lateResp, late)...)
+	require.Equal(t, addr(4), got.env[envPool])
+	require.Equal(t, "="+vfs[4].RDMADevice+":1", got.env["NCCL_IB_HCA"])
+
+	// A claim reserved for nothing (as the tests before this change
+	// prepared them) is its own too.
+	rail0vf1 := fixture.VFAddress(0x18, 1)
+	none := e.claim(t, "none", vf("vf", rail0vf1))
+	noneIDs := cdiIDs(t, k.prepare(t, none), none)
+	got = inject(t, e.runtime(t), noneIDs...)
+	require.Equal(t, rail0vf1, got.env[envPool])
 }
 
 // Admin access lets a claim prepare a VF that another claim holds: each
@@ -193,4 +364,21 @@ func TestAdminCDINames(t *testing.T) {
 			require.Empty(t, specFiles(t, e))
 		})
 	}
+}
+
+// Two claims of one call for one VF: the claims of a call are checked
+// before any is written, and still against each other.
+func TestPrepareRefusesOneVFTwiceInOneCall(t *testing.T) {
+	e := newTestEnv(t, fixtureRoot("dgx-h100"), "dra.json")
+	e.start(t)
+	k := e.register(t)
+	first := e.reserve(t, e.claim(t, "first", vf("vf", rail0vf0)), "pod-a")
+	second := e.reserve(t, e.claim(t, "second", vf("vf", rail0vf0), vf("vf2", rail1vf0)), "pod-a")
+	resp := k.prepare(t, first, second)
+	require.Empty(t, resp[string(first.UID)].Error)
+	require.Contains(t, resp[string(second.UID)].Error, "VF 0000:18:00.1 is also allocated to claim default/first (first-uid)")
+	require.NoFileExists(t, filepath.Join(e.cdiDir, dra.CDISpecName(second.UID)))
+	// The refused claim's VFs are not named in its peer's environment.
+	got := inject(t, e.runtime(t), cdiIDs(t, resp, first)...)
+	require.Equal(t, rail0vf0, got.env[envPool])
 }
