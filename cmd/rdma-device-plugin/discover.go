@@ -14,6 +14,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
@@ -121,7 +122,13 @@ func discover(hostRoot string, cfg *pool.Config) (*discoverReport, error) {
 	if cfg == nil {
 		return r, nil
 	}
-	pools, warns := pool.Build(cfg, snap.Devices)
+	// As the plugin does: run where it runs (its pod), the node's default
+	// route is this namespace's.
+	var build []pool.BuildOption
+	if routes, err := plugin.DefaultRouteNetdevs(nil); err == nil {
+		build = append(build, pool.WithDefaultRoutes(routes...))
+	}
+	pools, warns := pool.Build(cfg, snap.Devices, build...)
 	r.Warnings = append(r.Warnings, warns...)
 	for i := range pools {
 		p := &pools[i]

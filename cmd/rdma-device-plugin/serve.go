@@ -117,6 +117,8 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The plugin runs in the node's network namespace (hostNetwork).
+	src.DefaultRoutes = func() ([]string, error) { return plugin.DefaultRouteNetdevs(nil) }
 	// The first scan is made here, before anything is served, so that a
 	// host the plugin cannot serve is a startup error; the manager takes
 	// it as its first state (a scan of a large host is the costliest thing

@@ -457,6 +457,7 @@ func testLinkHealth(t *testing.T, dropCaps bool) {
 	waitFor(pluginapi.Healthy)
 	d.stop()
 	require.NotContains(t, d.log.String(), "netlink", "no netlink warning: event-driven health is on")
+	require.NotContains(t, d.log.String(), "the node's default routes", "the routes are read without a capability")
 }
 
 // procStatusHex reads hexadecimal fields (capability sets) of

@@ -27,13 +27,40 @@ func (p *Pool) Capacity() int {
 	return len(p.Devices)
 }
 
+// BuildOption adds to what Build knows of the node.
+type BuildOption func(*buildOptions)
+
+type buildOptions struct {
+	hostRoutes map[string]bool
+}
+
+// WithDefaultRoutes names the netdevs that carry the node's default route
+// (IPv4 or IPv6): no exclusive pool takes their functions, as
+// sriov-network-device-plugin leaves out a device that has one. A shared
+// pool still may: sharing an HCA's RDMA device takes nothing from the
+// node's netdev.
+func WithDefaultRoutes(netdevs ...string) BuildOption {
+	return func(o *buildOptions) {
+		if o.hostRoutes == nil {
+			o.hostRoutes = map[string]bool{}
+		}
+		for _, n := range netdevs {
+			o.hostRoutes[n] = true
+		}
+	}
+}
+
 // Build assigns devices (a discovery snapshot, sorted by PCI address) to
 // the config's pools, in config order. An exclusive pool takes bound
 // functions that are not PFs with VFs; a function goes to the first
 // exclusive pool that selects it. A shared pool takes functions with an
 // RDMA device that no exclusive pool holds: a pod that owns a VF must not
 // share its RDMA device. What was matched but left out is a warning.
-func Build(cfg *Config, devices []nic.Device) ([]Pool, []string) {
+func Build(cfg *Config, devices []nic.Device, opts ...BuildOption) ([]Pool, []string) {
+	var o buildOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	var warns []string
 	pools := make([]Pool, len(cfg.Resources))
 	// owner[i] is the exclusive resource that holds devices[i], "" for
@@ -61,6 +88,9 @@ func Build(cfg *Config, devices []nic.Device) ([]Pool, []string) {
 				continue // a PF whose VFs are in use is not handed out whole
 			case d.Driver == "":
 				warns = append(warns, fmt.Sprintf("%s: %s is selected but bound to no driver: left out (bind it to mlx5_core or vfio-pci)", r.ResourceName(), d.PCIAddress))
+				continue
+			case d.Netdev != "" && o.hostRoutes[d.Netdev]:
+				warns = append(warns, fmt.Sprintf("%s: %s is selected but its netdev %s carries the node's default route: left out (a pod given it would take the node's own network)", r.ResourceName(), d.PCIAddress, d.Netdev))
 				continue
 			}
 			if prev := owner[j]; prev != "" {

@@ -292,6 +292,28 @@ func TestBuildDGX(t *testing.T) {
 	require.Equal(t, "0000:18:00.1", excl.Devices[0].PCIAddress)
 }
 
+// The Network Operator's common hostdev config selects every Mellanox
+// function with RDMA: the DGX's storage ports too, one of which may be the
+// node's own network. A function whose netdev carries the default route is
+// left out of exclusive pools, with a warning; a shared pool may still
+// share its RDMA device.
+func TestBuildLeavesOutTheNodesOwnNetwork(t *testing.T) {
+	devs := scan(t, "dgx-h100")
+	cfg, err := pool.Parse([]byte(`{"resourceList": [{"resourceName": "hostdev", "resourcePrefix": "nvidia.com", "selectors": {"vendors": ["15b3"], "isRdma": true}}],
+		"configList": [{"resourceName": "storage", "rdmaHcaMax": 10, "selectors": {"ifNames": ["enp41s0f0np0", "enp41s0f1np1"]}}]}`))
+	require.NoError(t, err)
+	pools, _ := pool.Build(cfg, devs)
+	require.Contains(t, addrs(pools[1]), "0000:29:00.0", "without the option, enp41s0f0np0's function is taken")
+	require.Empty(t, pools[0].Devices, "so the shared pool cannot share it")
+	all := len(pools[1].Devices)
+
+	pools, warns := pool.Build(cfg, devs, pool.WithDefaultRoutes("enp41s0f0np0", "eth0"))
+	require.Equal(t, all-1, len(pools[1].Devices))
+	require.NotContains(t, addrs(pools[1]), "0000:29:00.0")
+	require.Contains(t, warns, "nvidia.com/hostdev: 0000:29:00.0 is selected but its netdev enp41s0f0np0 carries the node's default route: left out (a pod given it would take the node's own network)")
+	require.Equal(t, []string{"0000:29:00.0"}, addrs(pools[0]), "the shared pool shares it")
+}
+
 func TestBuildRanges(t *testing.T) {
 	devs := scan(t, "dgx-h100")
 	cfg, err := pool.Load(seed("rail-spread.json"))

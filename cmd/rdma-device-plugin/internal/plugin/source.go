@@ -20,6 +20,10 @@ type Source struct {
 	load    []pool.Option
 	scanner *nic.Scanner
 	log     *slog.Logger
+	// DefaultRoutes, when set, names the netdevs that carry the node's
+	// default route (DefaultRouteNetdevs), which no exclusive pool takes
+	// (pool.WithDefaultRoutes). Set it before the first Scan.
+	DefaultRoutes func() ([]string, error)
 
 	mu       sync.Mutex // guards the fields below
 	cfg      *pool.Config
@@ -65,7 +69,17 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 		return Scan{}, fmt.Errorf("scan %s: %w", s.scanner.Root(), err)
 	}
 	inPod := s.inPod(snap)
-	pools, warns := pool.Build(s.cfg, snap.Devices)
+	var build []pool.BuildOption
+	var routeWarn string
+	if s.DefaultRoutes != nil {
+		names, err := s.DefaultRoutes()
+		if err != nil {
+			routeWarn = fmt.Sprintf("the node's default routes: %v; no function is left out of exclusive pools as the node's own network", err)
+		} else {
+			build = append(build, pool.WithDefaultRoutes(names...))
+		}
+	}
+	pools, warns := pool.Build(s.cfg, snap.Devices, build...)
 	n := 0
 	for i := range pools {
 		n += len(pools[i].Devices)
@@ -87,6 +101,9 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 		all = append(all, addr+": "+inPod[addr])
 	}
 	all = append(all, warns...)
+	if routeWarn != "" {
+		all = append(all, routeWarn)
+	}
 	if key := strings.Join(all, "\n"); key != s.lastWarn {
 		s.lastWarn = key
 		for _, w := range all {

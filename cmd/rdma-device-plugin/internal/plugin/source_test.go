@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -132,4 +133,41 @@ func TestSourceKeepsAVFInAPod(t *testing.T) {
 	s, err = src.Scan(false)
 	require.NoError(t, err)
 	require.Empty(t, s.Pools[0].Devices)
+}
+
+// The source asks for the node's default routes at each scan: their
+// netdevs' functions stay out of exclusive pools; routes it cannot read
+// leave nothing out, and say so.
+func TestSourceLeavesOutTheNodesOwnNetwork(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(cfg, []byte(`{"resourceList": [{"resourceName": "hostdev", "selectors": {"vendors": ["15b3"], "isRdma": true}}]}`), 0o644))
+	var logs bytes.Buffer
+	src, err := NewSource(cfg, nic.NewScanner(fixtureRoot("dgx-h100")), slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	var routes []string
+	var routesErr error
+	src.DefaultRoutes = func() ([]string, error) { return routes, routesErr }
+	has := func(s Scan, addr string) bool {
+		for _, d := range s.Pools[0].Devices {
+			if d.PCIAddress == addr {
+				return true
+			}
+		}
+		return false
+	}
+
+	s, err := src.Scan(false)
+	require.NoError(t, err)
+	require.True(t, has(s, "0000:29:00.0"))
+	routes = []string{"enp41s0f0np0"}
+	s, err = src.Scan(false)
+	require.NoError(t, err)
+	require.False(t, has(s, "0000:29:00.0"))
+	require.Contains(t, logs.String(), "0000:29:00.0 is selected but its netdev enp41s0f0np0 carries the node's default route")
+
+	routes, routesErr = nil, errors.New("netlink: permission denied")
+	s, err = src.Scan(false)
+	require.NoError(t, err)
+	require.True(t, has(s, "0000:29:00.0"))
+	require.Contains(t, logs.String(), "the node's default routes: netlink: permission denied; no function is left out")
 }
