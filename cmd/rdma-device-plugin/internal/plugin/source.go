@@ -64,15 +64,34 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 			s.cfg = cfg
 		}
 	}
+	// The route dump (0.5–1.3 ms, mostly the kernel's) runs beside the
+	// scan rather than before it: the first scan is on the way to
+	// registration.
+	type routes struct {
+		names []string
+		err   error
+	}
+	var routesc chan routes
+	if s.DefaultRoutes != nil {
+		routesc = make(chan routes, 1)
+		go func() {
+			names, err := s.DefaultRoutes()
+			routesc <- routes{names, err}
+		}()
+	}
 	snap, err := s.scanner.Scan()
+	var r routes
+	if routesc != nil {
+		r = <-routesc
+	}
 	if err != nil {
 		return Scan{}, fmt.Errorf("scan %s: %w", s.scanner.Root(), err)
 	}
 	inPod := s.inPod(snap)
 	var build []pool.BuildOption
 	var routeWarn string
-	if s.DefaultRoutes != nil {
-		names, err := s.DefaultRoutes()
+	if routesc != nil {
+		names, err := r.names, r.err
 		if err != nil {
 			routeWarn = fmt.Sprintf("the node's default routes: %v; no function is left out of exclusive pools as the node's own network", err)
 		} else {
