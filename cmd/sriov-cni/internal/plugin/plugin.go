@@ -13,7 +13,8 @@
 // The flow is split by lifecycle: plan.go decides (pure, no I/O), add.go
 // reads the node and applies, teardown.go undoes, reclaim.go frees for ADD
 // a VF whose pod is gone without a DEL, ipam.go runs the IPAM plugin,
-// check.go serves CHECK, STATUS and GC.
+// check.go serves CHECK, STATUS and GC, upstream.go undoes on DEL an
+// attachment upstream sriov-cni made before the swap.
 package plugin
 
 import (
@@ -52,6 +53,10 @@ type Plugin struct {
 	RDMA RDMA
 	// NewPodResources returns a client of the kubelet's PodResources API.
 	NewPodResources func(socket string) PodResources
+	// NetdevPCI, when set, says which PCI device a netdev is (its PCI
+	// address, or ""); nil reads the kernel's IFLA_PARENT_DEV_NAME. Tests
+	// set it for the veth links that stand in for VFs.
+	NetdevPCI func(l netlink.Link) string
 	// Stdout receives the result (the CNI protocol); Stderr the log and
 	// the IPAM plugin's stderr.
 	Stdout, Stderr io.Writer

@@ -44,6 +44,10 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		st, err := store.Find(c.Name, args.ContainerID, args.IfName)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
+			if uc, _ := store.loadUpstream(log, args); uc != nil {
+				// Attached by upstream sriov-cni: its cache names the VF.
+				return p.detach(ctx, log, c, store, uc.DeviceID, args)
+			}
 			// Never attached, or detached already.
 			store.Sweep()
 			return p.releasePending(ctx, log, c, store, args, nil)
@@ -77,7 +81,12 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 	st, err := store.Load(vf)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		// A concurrent DEL finished it, or nothing was attached.
+		// A concurrent DEL finished it, nothing was attached, or
+		// upstream sriov-cni attached it before the swap.
+		if ok, err := p.delUpstream(ctx, log, c, store, args, lock, vf); ok {
+			removeLock = store.clearLeftovers(vf) == nil
+			return err
+		}
 		removeLock = store.clearLeftovers(vf) == nil
 		return p.releasePending(ctx, log, c, store, args, lock)
 	case errors.Is(err, ErrBadState):
@@ -104,7 +113,15 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 	case err != nil:
 		return fail(types.ErrIOFailure, vf, "read state", err)
 	case !st.is(c.Name, args.ContainerID, args.IfName):
-		// The VF serves another attachment: this one is gone.
+		// The VF serves another attachment: this one is gone. A cache
+		// upstream sriov-cni left for it describes a VF since taken.
+		if uc, path := store.loadUpstream(log, args); uc != nil && uc.DeviceID == vf {
+			log.Warn("upstream sriov-cni's cache of this attachment dropped: the VF now serves another attachment",
+				"upstreamCache", path, "attachment", st.owner())
+			if err := removeUpstream(path); err != nil {
+				log.Warn("upstream cache left", "err", err)
+			}
+		}
 		return p.releasePending(ctx, log, c, store, args, lock)
 	}
 
