@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
 )
@@ -92,17 +90,9 @@ func (s *Store) LoadPending(network, containerID, ifName string) (*Pending, erro
 }
 
 func (s *Store) readPending(path string) (*Pending, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	switch {
-	case errors.Is(err, unix.ELOOP):
-		return nil, fmt.Errorf("%s: %w: a symlink", path, ErrBadState)
-	case err != nil:
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxStateSize))
+	data, err := readOwnFile(path, path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
 	pr := &Pending{}
 	if err := json.Unmarshal(data, pr); err != nil {

@@ -60,33 +60,45 @@ func (s *Store) netnsPath(vf string) string { return filepath.Join(s.dir, vf+".n
 // cannot be read.
 func (s *Store) Load(vf string) (*State, error) {
 	p := s.path(vf)
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	switch {
-	case errors.Is(err, unix.ELOOP):
-		return nil, fmt.Errorf("state %s: %w: a symlink", p, ErrBadState)
-	case err != nil:
-		return nil, err // fs.ErrNotExist and real I/O errors alike
-	}
-	defer f.Close()
-	fi, err := f.Stat()
+	data, err := readOwnFile(p, "state "+p)
 	if err != nil {
-		return nil, fmt.Errorf("state %s: %w", p, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("state %s: %w: not a regular file (%s)", p, ErrBadState, fi.Mode().Type())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxStateSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("state %s: %w", p, err)
-	}
-	if len(data) > maxStateSize {
-		return nil, fmt.Errorf("state %s: %w: larger than %d bytes", p, ErrBadState, maxStateSize)
+		return nil, err
 	}
 	st, err := decodeState(vf, data)
 	if err != nil {
 		return nil, fmt.Errorf("state %s: %w", p, err)
 	}
 	return st, nil
+}
+
+// readOwnFile reads a file of the state dir, named what in errors, that
+// only a plugin writes: fs.ErrNotExist (or another open error, as is) when
+// it cannot be opened, ErrBadState when it is a symlink, not a regular
+// file or larger than maxStateSize.
+func readOwnFile(path, what string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return nil, fmt.Errorf("%s: %w: a symlink", what, ErrBadState)
+	case err != nil:
+		return nil, err // fs.ErrNotExist and real I/O errors alike
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w: not a regular file (%s)", what, ErrBadState, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxStateSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if len(data) > maxStateSize {
+		return nil, fmt.Errorf("%s: %w: larger than %d bytes", what, ErrBadState, maxStateSize)
+	}
+	return data, nil
 }
 
 // Save writes st atomically, mode 0600.
@@ -258,6 +270,24 @@ func (s *Store) clearLeftovers(vf string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// pinForReturn pins the temporary netns at path that a VF netdev goes
+// back to the host through, so that a kill mid-move leaves it where the
+// next DEL finds it. A plain file there is what a kill before the mount
+// leaves. A state dir that is full or read-only gets an unpinned netns
+// instead: bringing the VF back matters more than surviving a kill on the
+// way.
+func pinForReturn(log *slog.Logger, path string) (*netns.NS, error) {
+	if err := netns.Unpin(path); err != nil {
+		return nil, err
+	}
+	n, err := netns.Pin(path)
+	if err != nil {
+		log.Warn("temporary netns not pinned; moving through an unpinned one", "err", err)
+		return netns.Temp()
+	}
+	return n, nil
 }
 
 // unpinIfEmpty releases the pinned netns at path unless a link is still in

@@ -345,18 +345,9 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 		}
 	default:
 		if via == nil {
-			// A plain file is what a kill before the mount leaves.
-			if err := netns.Unpin(viaPath); err != nil {
-				return err
-			}
-			n, err := netns.Pin(viaPath)
+			n, err := pinForReturn(log, viaPath)
 			if err != nil {
-				// A state dir that is full or read-only: bringing the VF
-				// back matters more than surviving a kill on the way.
-				log.Warn("temporary netns not pinned; moving through an unpinned one", "err", err)
-				if n, err = netns.Temp(); err != nil {
-					return err
-				}
+				return err
 			}
 			via = n
 		}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -173,27 +172,9 @@ func (s *Store) upstreamPath(containerID, ifName string) string {
 // readUpstream reads upstream's cache at path: fs.ErrNotExist when there
 // is none, ErrBadState when it cannot be trusted.
 func readUpstream(path string) (*upstreamCache, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	switch {
-	case errors.Is(err, unix.ELOOP):
-		return nil, fmt.Errorf("upstream cache %s: %w: a symlink", path, ErrBadState)
-	case err != nil:
+	data, err := readOwnFile(path, "upstream cache "+path)
+	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("upstream cache %s: %w", path, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("upstream cache %s: %w: not a regular file (%s)", path, ErrBadState, fi.Mode().Type())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxStateSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("upstream cache %s: %w", path, err)
-	}
-	if len(data) > maxStateSize {
-		return nil, fmt.Errorf("upstream cache %s: %w: larger than %d bytes", path, ErrBadState, maxStateSize)
 	}
 	uc, err := parseUpstreamCache(data)
 	if err != nil {
@@ -476,15 +457,9 @@ func (p *Plugin) restoreUpstreamLink(log *slog.Logger, store *Store, uc *upstrea
 		}
 	}
 	if via == nil {
-		if err := netns.Unpin(viaPath); err != nil {
-			return err
-		}
-		n, err := netns.Pin(viaPath)
+		n, err := pinForReturn(log, viaPath)
 		if err != nil {
-			log.Warn("temporary netns not pinned; moving through an unpinned one", "err", err)
-			if n, err = netns.Temp(); err != nil {
-				return err
-			}
+			return err
 		}
 		via = n
 		defer via.Close()
