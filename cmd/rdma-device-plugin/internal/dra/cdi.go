@@ -42,10 +42,10 @@ const adminCDIClassPrefix = "vf-admin-"
 // define. What follows "=" stays the VF's PCI address.
 func AdminCDIClass(claim types.UID) string { return adminCDIClassPrefix + string(claim) }
 
-// CDIDeviceID is the fully qualified CDI name of the VF at pciAddress for
-// a claim without admin access.
-func CDIDeviceID(pciAddress string) string {
-	return parser.QualifiedName(CDIVendor, CDIClass, pciAddress)
+// CDIDeviceID is the fully qualified CDI name of the VF at pciAddress in
+// class (cdiClass: CDIClass for a claim without admin access).
+func CDIDeviceID(class, pciAddress string) string {
+	return parser.QualifiedName(CDIVendor, class, pciAddress)
 }
 
 // cdiClass is the CDI class of a claim's devices: CDIClass, or the

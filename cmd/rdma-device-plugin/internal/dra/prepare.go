@@ -13,7 +13,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
@@ -143,7 +142,7 @@ func (d *Driver) planLocked(c *resourceapi.ResourceClaim, earlier []*claimPlan) 
 		if !e.dev.IsVFIO() && !e.dev.HasUverbs() {
 			return nil, fmt.Errorf("claim %s/%s: VF %s (%s) has no RDMA char devices under %s (is ib_uverbs loaded?)", c.Namespace, c.Name, e.dev.PCIAddress, e.dev.RDMADevice, rdma.DevDir)
 		}
-		id := parser.QualifiedName(CDIVendor, class, e.dev.PCIAddress)
+		id := CDIDeviceID(class, e.dev.PCIAddress)
 		p.rec.Devices = append(p.rec.Devices, preparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device,
 			PCIAddress: e.dev.PCIAddress, Resource: e.res.ResourceName(), CDIDeviceID: id, AdminAccess: isAdmin})
 		if !slices.ContainsFunc(p.devs, func(cd claimDevice) bool { return cd.dev == e.dev }) {

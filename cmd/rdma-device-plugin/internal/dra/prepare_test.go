@@ -333,7 +333,7 @@ func TestAdminCDINames(t *testing.T) {
 				seen[id] = true
 				require.True(t, strings.HasSuffix(id, "="+rail0vf0), "%s: Multus takes the deviceID after =", id)
 				if c.Status.Allocation.Devices.Results[0].AdminAccess == nil {
-					require.Equal(t, dra.CDIDeviceID(rail0vf0), id, "a normal claim keeps vf=<bdf>")
+					require.Equal(t, dra.CDIDeviceID(dra.CDIClass, rail0vf0), id, "a normal claim keeps vf=<bdf>")
 				} else {
 					require.Equal(t, "rdma.fastpath-k8s.io/"+dra.AdminCDIClass(c.UID)+"="+rail0vf0, id)
 				}

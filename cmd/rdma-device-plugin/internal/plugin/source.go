@@ -87,16 +87,15 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 	if err != nil {
 		return Scan{}, fmt.Errorf("scan %s: %w", s.scanner.Root(), err)
 	}
-	inPod := s.inPod(snap)
+	inPod, noNetdev := s.inPod(snap)
 	var build []pool.BuildOption
 	var routeWarn string
-	if routesc != nil {
-		names, err := r.names, r.err
-		if err != nil {
-			routeWarn = fmt.Sprintf("the node's default routes: %v; no function is left out of exclusive pools as the node's own network", err)
-		} else {
-			build = append(build, pool.WithDefaultRoutes(names...))
-		}
+	switch {
+	case routesc == nil:
+	case r.err != nil:
+		routeWarn = fmt.Sprintf("the node's default routes: %v; no function is left out of exclusive pools as the node's own network", r.err)
+	default:
+		build = append(build, pool.WithDefaultRoutes(r.names...))
 	}
 	pools, warns := pool.Build(s.cfg, snap.Devices, build...)
 	n := 0
@@ -129,15 +128,6 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 			s.log.Warn("discovery", "warning", w)
 		}
 	}
-	var noNetdev map[string]bool
-	for i := range snap.Devices {
-		if d := &snap.Devices[i]; d.IsVF() && !d.IsVFIO() && d.Driver != "" && d.Netdev == "" {
-			if noNetdev == nil {
-				noNetdev = map[string]bool{}
-			}
-			noNetdev[d.PCIAddress] = true
-		}
-	}
 	return Scan{Pools: pools, RDMACM: snap.RDMACM, Interval: s.cfg.PeriodicUpdateInterval, NoNetdev: noNetdev}, nil
 }
 
@@ -150,9 +140,11 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 // pool's CDI spec while the pod runs (a restarting container could not
 // resolve its CDI name), and its netdev's return would go unwatched. A VF
 // whose RDMA device alone is gone (mlx5_ib unloaded) keeps nothing: that
-// is a fault to show, not a move.
-func (s *Source) inPod(snap *nic.Snapshot) map[string]string {
-	out := map[string]string{}
+// is a fault to show, not a move. The VFs bound to a netdev driver that
+// stay without a netdev (in a pod since before this run, or not up yet)
+// are noNetdev (Scan.NoNetdev).
+func (s *Source) inPod(snap *nic.Snapshot) (out map[string]string, noNetdev map[string]bool) {
+	out = map[string]string{}
 	for i := range snap.Devices {
 		d := &snap.Devices[i]
 		if !d.IsVF() || d.IsVFIO() || d.Driver == "" || d.Netdev != "" {
@@ -160,6 +152,10 @@ func (s *Source) inPod(snap *nic.Snapshot) map[string]string {
 		}
 		p, ok := s.pooled[d.PCIAddress]
 		if !ok || p.Driver != d.Driver || p.Netdev == "" {
+			if noNetdev == nil {
+				noNetdev = map[string]bool{}
+			}
+			noNetdev[d.PCIAddress] = true
 			continue
 		}
 		d.Netdev = p.Netdev
@@ -170,5 +166,5 @@ func (s *Source) inPod(snap *nic.Snapshot) map[string]string {
 		}
 		out[d.PCIAddress] = fmt.Sprintf("netdev %s is not in the host's network namespace (moved into a pod?); kept as the last scan saw it", d.Netdev)
 	}
-	return out
+	return out, noNetdev
 }
