@@ -60,6 +60,11 @@ func (d *Device) IsVF() bool { return d.PFAddress != "" }
 // IsVFIO reports whether d is bound to vfio-pci.
 func (d *Device) IsVFIO() bool { return d.Driver == pci.DriverVFIO }
 
+// UsesRDMA reports whether d is used through its RDMA device: it has one
+// and is not bound to vfio-pci. Such a function comes with rdma_cm and is
+// named in NCCL_IB_HCA.
+func (d *Device) UsesRDMA() bool { return d.RDMADevice != "" && !d.IsVFIO() }
+
 // HasUverbs reports whether one of d's char devices is its uverbs, what
 // a verbs application (NCCL) opens: without it an RDMA device hands out
 // nothing usable (ib_uverbs not loaded, a driver reloading, a /dev that

@@ -96,7 +96,7 @@ func claimSpec(class string, devs, env []claimDevice, rdmaCM, root string) (*cdi
 		for _, p := range devicePaths(d) {
 			nodes = append(nodes, &cdispec.DeviceNode{Path: p, HostPath: hostPath(root, p), Permissions: "rw"})
 		}
-		if usesRDMA(d) && rdmaCM != "" {
+		if d.UsesRDMA() && rdmaCM != "" {
 			needCM = true
 		}
 		spec.Devices = append(spec.Devices, cdispec.Device{Name: d.PCIAddress, ContainerEdits: cdispec.ContainerEdits{DeviceNodes: nodes}})
@@ -107,7 +107,7 @@ func claimSpec(class string, devs, env []claimDevice, rdmaCM, root string) (*cdi
 	for _, c := range env {
 		d := c.dev
 		cm := ""
-		if usesRDMA(d) {
+		if d.UsesRDMA() {
 			cm = rdmaCM
 		}
 		name := plugin.EnvName(c.res.Prefix, c.res.Name)
@@ -117,7 +117,7 @@ func claimSpec(class string, devs, env []claimDevice, rdmaCM, root string) (*cdi
 		}
 		addrs[name] = append(addrs[name], d.PCIAddress)
 		infos[name][d.PCIAddress] = plugin.NewDeviceInfo(d, cm)
-		if c.res.NCCLEnv && usesRDMA(d) {
+		if c.res.NCCLEnv && d.UsesRDMA() {
 			hcas = append(hcas, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 		}
 	}
@@ -147,10 +147,6 @@ func claimSpec(class string, devs, env []claimDevice, rdmaCM, root string) (*cdi
 	spec.Version = v
 	return spec, nil
 }
-
-// usesRDMA reports whether a VF is used through its RDMA device (not
-// vfio-pci): it then comes with rdma_cm and is named in NCCL_IB_HCA.
-func usesRDMA(d *nic.Device) bool { return d.RDMADevice != "" && !d.IsVFIO() }
 
 // devicePaths are the device nodes of one VF alone (host paths, without
 // any root): its vfio group for a vfio-pci VF, else its RDMA char devices.

@@ -58,7 +58,7 @@ func (d *Driver) healthLocked(e *entry) health {
 // prepared for a claim (the CNI moved it into the pod) and its PCI
 // function still exists. Interfaces netlink never mentioned count as up.
 func (v healthView) health(e *entry) health {
-	if e.dev.RDMADevice != "" && !e.dev.IsVFIO() && !e.dev.HasUverbs() {
+	if e.dev.UsesRDMA() && !e.dev.HasUverbs() {
 		return health{reason: ReasonNoUverbs}
 	}
 	if n := e.dev.PFNetdev; n != "" {

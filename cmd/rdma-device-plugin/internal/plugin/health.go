@@ -74,7 +74,7 @@ func (m *Manager) healthy(d *nic.Device) bool {
 	// A function with an RDMA device whose uverbs is not under /dev (the
 	// driver is reloading, or /dev is not the node's) hands out nothing
 	// NCCL can open.
-	if d.RDMADevice != "" && !d.IsVFIO() && !d.HasUverbs() {
+	if d.UsesRDMA() && !d.HasUverbs() {
 		return false
 	}
 	if d.PFNetdev != "" {

@@ -68,7 +68,7 @@ func NewDeviceInfo(d *nic.Device, rdmaCM string) DeviceInfo {
 		Netdev: d.Netdev, PFPCIAddress: d.PFAddress, PFNetdev: d.PFNetdev, LinkType: d.LinkType, NUMANode: d.NUMANode,
 		Generic: GenericInfo{DeviceID: d.PCIAddress},
 	}
-	if d.RDMADevice != "" && !d.IsVFIO() {
+	if d.UsesRDMA() {
 		r := &RDMAInfo{RDMADev: d.RDMADevice, RDMACM: rdmaCM}
 		// The first of each kind: CharDevices are sorted by port, and an
 		// mlx5 function has one.

@@ -347,7 +347,7 @@ func (s *server) containerResponse(v served, devs []*nic.Device) *pluginapi.Cont
 	for _, d := range devs {
 		addrs = append(addrs, d.PCIAddress)
 		info[d.PCIAddress] = NewDeviceInfo(d, rdmaCM)
-		if d.RDMADevice != "" && !d.IsVFIO() {
+		if d.UsesRDMA() {
 			hcas = append(hcas, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 			ucx = append(ucx, fmt.Sprintf("%s:%d", d.RDMADevice, rdmaPort))
 		}
