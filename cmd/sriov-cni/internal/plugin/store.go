@@ -126,12 +126,22 @@ func (s *Store) Remove(vf string) error {
 // <pci>.json.bad (replacing an older one: one per VF is kept for a
 // post-mortem), and returns where it went.
 func (s *Store) SetAside(vf string) (string, error) {
-	to := s.path(vf) + ".bad"
-	if err := os.RemoveAll(to); err != nil {
+	to, err := setAside(s.path(vf))
+	if err != nil {
 		return "", fmt.Errorf("set aside state of %s: %w", vf, err)
 	}
-	if err := os.Rename(s.path(vf), to); err != nil {
-		return "", fmt.Errorf("set aside state of %s: %w", vf, err)
+	return to, nil
+}
+
+// setAside renames the file at path to <path>.bad, replacing an earlier
+// one, and returns the new name.
+func setAside(path string) (string, error) {
+	to := path + ".bad"
+	if err := os.RemoveAll(to); err != nil {
+		return "", err
+	}
+	if err := os.Rename(path, to); err != nil {
+		return "", err
 	}
 	return to, nil
 }

@@ -207,11 +207,7 @@ func (s *Store) loadUpstream(log *slog.Logger, args *skel.CmdArgs) (*upstreamCac
 }
 
 func (s *Store) setAsideUpstream(log *slog.Logger, path string, why error) {
-	to := path + ".bad"
-	err := os.RemoveAll(to)
-	if err == nil {
-		err = os.Rename(path, to)
-	}
+	to, err := setAside(path)
 	if err != nil {
 		log.Error("upstream sriov-cni's cache cannot be trusted, nor set aside; DEL goes on without it", "err", why, "setAsideErr", err)
 		return
