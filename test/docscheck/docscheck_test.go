@@ -1,0 +1,108 @@
+package docscheck_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/test/docscheck"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+// repoRoot is the module root, two levels up from this package.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	require.NoError(t, err)
+	require.FileExists(t, filepath.Join(root, "go.mod"))
+	return root
+}
+
+// docFiles are README.md and every page of docs/.
+func docFiles(t *testing.T, root string) []string {
+	t.Helper()
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	require.NoError(t, err)
+	require.NotEmpty(t, pages, "docs/ has no pages")
+	files := []string{"README.md"}
+	for _, p := range pages {
+		files = append(files, "docs/"+filepath.Base(p))
+	}
+	sort.Strings(files[1:])
+	return files
+}
+
+// help runs bin with args and --help, with an empty environment (the CNI
+// reads CNI_COMMAND from it), and returns what it printed.
+func help(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, append(args, "--help")...)
+	cmd.Env = []string{}
+	out, _ := cmd.CombinedOutput() // --help's exit status is the flag package's business
+	require.NotEmpty(t, out, "%s %v --help printed nothing", bin, args)
+	return string(out)
+}
+
+// knownFlags builds the binaries as `make build` does and reads each
+// command's flags from its --help: the lean build for rdma-device-plugin
+// (it has no DRA flags), the DRA build for rdma-device-plugin-dra.
+func knownFlags(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	lean := testbin.BuildWith(t, testbin.Flags{Tags: "grpcnotrace,nodra"}, "github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin")
+	dra := testbin.BuildWith(t, testbin.Flags{Tags: "grpcnotrace"},
+		"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin=rdma-device-plugin-dra",
+		"github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov")
+	bins := map[string]string{
+		"rdma-device-plugin":     filepath.Join(lean, "rdma-device-plugin"),
+		"rdma-device-plugin-dra": filepath.Join(dra, "rdma-device-plugin-dra"),
+		"sriov":                  filepath.Join(dra, "sriov"),
+	}
+	flags := map[string]map[string]bool{}
+	for name, subs := range docscheck.Commands {
+		flags[name] = docscheck.ParseHelp(help(t, bins[name]))
+		for _, sub := range subs {
+			flags[name+" "+sub] = docscheck.ParseHelp(help(t, bins[name], sub))
+		}
+	}
+	return flags
+}
+
+// The real docs against the real Makefile and binaries.
+func TestDocs(t *testing.T) {
+	root := repoRoot(t)
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	require.NoError(t, err)
+	k := docscheck.Known{MakeTargets: docscheck.ParseMakefile(string(mk)), Flags: knownFlags(t)}
+
+	// The inputs are what they should be, or every check below would pass
+	// (or fail) for the wrong reason.
+	require.True(t, k.MakeTargets["test"] && k.MakeTargets["demo"] && k.MakeTargets["e2e-cluster"], "Makefile targets: %v", k.MakeTargets)
+	require.True(t, k.Flags["rdma-device-plugin"]["host-root"], "rdma-device-plugin --help: %v", k.Flags["rdma-device-plugin"])
+	require.False(t, k.Flags["rdma-device-plugin"]["kubeconfig"], "the lean build has no DRA flags")
+	require.True(t, k.Flags["rdma-device-plugin-dra"]["kubeconfig"])
+	require.True(t, k.Flags["rdma-device-plugin doctor"]["nccl-log"])
+	require.True(t, k.Flags["rdma-device-plugin discover"]["o"])
+	require.Empty(t, k.Flags["sriov"], "the CNI takes no flags (its input is the environment and stdin)")
+
+	for _, p := range docscheck.Check(os.DirFS(root), docFiles(t, root), k) {
+		t.Error(p)
+	}
+}
+
+func TestReadmeShort(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	require.NoError(t, err)
+	n := strings.Count(string(b), "\n")
+	require.LessOrEqual(t, n, 200, "README.md has %d lines: move the detail into docs/", n)
+}
