@@ -51,6 +51,8 @@ func TestCheck(t *testing.T) {
 		{"link in a code span is not a link", "`[x](missing.md)`\n", ""},
 		{"link in a code block is not a link", fence + "\n[x](missing.md)\n" + fence + "\n", ""},
 		{"heading slug: punctuation and code", "[x](#the-device-plugin-rdma-device-plugin) [y](#a-pods-claims)\n\n## The device plugin (`rdma-device-plugin`)\n\n### A pod's claims\n", ""},
+		{"spans of several backticks", "A ```` ```json ```` block, `` `x` `` and `make demos` here.\n", "make demos: no such target"},
+		{"an unclosed backtick is text", "a ` b [x](missing.md)\n", `link "missing.md"`},
 		{"html anchor", `[x](#here)` + "\n\n<a id=\"here\"></a>\n", ""},
 
 		// make targets.

@@ -43,7 +43,6 @@ type link struct {
 var (
 	fenceRE   = regexp.MustCompile("^ {0,3}(```+|~~~+)\\s*([^`\\s]*)")
 	headingRE = regexp.MustCompile(`^ {0,3}#{1,6}\s+(.*?)(?:\s+#+)?\s*$`)
-	spanRE    = regexp.MustCompile("(?s)(`+)(.+?)(`+)")
 	// [text](target) and ![alt](target); the text may span lines.
 	linkRE   = regexp.MustCompile(`!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)`)
 	htmlIDRE = regexp.MustCompile(`<a\s+(?:name|id)="([^"]+)"`)
@@ -140,13 +139,10 @@ func parse(file, text string) *doc {
 func (d *doc) inline(text string, line int) {
 	lineAt := func(off int) int { return line + strings.Count(text[:off], "\n") }
 	masked := []byte(text)
-	for _, m := range spanRE.FindAllStringSubmatchIndex(text, -1) {
-		if m[3]-m[2] != m[7]-m[6] { // unequal backtick runs: not one span
-			continue
-		}
-		body := strings.TrimSpace(spaceRE.ReplaceAllString(text[m[4]:m[5]], " "))
-		d.spans = append(d.spans, span{body, lineAt(m[0])})
-		for k := m[0]; k < m[1]; k++ {
+	for _, sp := range codeSpans(text) {
+		body := strings.TrimSpace(spaceRE.ReplaceAllString(text[sp[0]+sp[2]:sp[1]-sp[2]], " "))
+		d.spans = append(d.spans, span{body, lineAt(sp[0])})
+		for k := sp[0]; k < sp[1]; k++ {
 			if masked[k] != '\n' {
 				masked[k] = ' '
 			}
@@ -155,6 +151,47 @@ func (d *doc) inline(text string, line int) {
 	for _, m := range linkRE.FindAllStringSubmatchIndex(string(masked), -1) {
 		d.links = append(d.links, link{string(masked[m[2]:m[3]]), lineAt(m[0])})
 	}
+}
+
+// codeSpans finds CommonMark code spans: a run of n backticks up to the
+// next run of exactly n. Each is {start, end, n}; a run without its
+// closing one is text.
+func codeSpans(text string) [][3]int {
+	var out [][3]int
+	run := func(i int) int {
+		j := i
+		for j < len(text) && text[j] == '`' {
+			j++
+		}
+		return j - i
+	}
+	for i := 0; i < len(text); {
+		if text[i] != '`' {
+			i++
+			continue
+		}
+		n := run(i)
+		end := -1
+		for j := i + n; j < len(text); {
+			if text[j] != '`' {
+				j++
+				continue
+			}
+			m := run(j)
+			if m == n {
+				end = j + m
+				break
+			}
+			j += m
+		}
+		if end < 0 {
+			i += n
+			continue
+		}
+		out = append(out, [3]int{i, end, n})
+		i = end
+	}
+	return out
 }
 
 // Slug is the anchor GitHub gives a heading: its text without Markdown
