@@ -29,7 +29,10 @@ var smallKnown = docscheck.Known{
 	},
 }
 
-const fence = "```"
+const (
+	fence       = "```"
+	flagsMarker = "<!-- docscheck: flags rdma-device-plugin -->"
+)
 
 func TestCheck(t *testing.T) {
 	cases := []struct {
@@ -68,7 +71,12 @@ func TestCheck(t *testing.T) {
 		{"DRA flag on the lean binary", "`rdma-device-plugin --kubeconfig k`\n", "rdma-device-plugin --kubeconfig: no such flag"},
 		{"DRA flag on the DRA binary", "`rdma-device-plugin-dra --kubeconfig k`\n", ""},
 		{"stale flag in a span across lines", "`rdma-device-plugin discover --host-root x\n--configs y`\n", "rdma-device-plugin discover --configs"},
-		{"stale bare flag", "Set `--host-roots /host`.\n", "--host-roots: no such flag of rdma-device-plugin"},
+		{"stale bare flag", flagsMarker + "\nSet `--host-roots /host`.\n", "--host-roots: no such flag of rdma-device-plugin"},
+		{"a bare flag is another program's without a marker", "The kubelet's `--root-dir`.\n", ""},
+		{"bare flag of the marker's second command", "<!-- docscheck: flags rdma-device-plugin, rdma-device-plugin doctor -->\n`--nccl-log`\n", ""},
+		{"bare flag of a command the marker does not name", flagsMarker + "\n`--nccl-log`\n", "--nccl-log: no such flag of rdma-device-plugin"},
+		{"marker naming an unknown command", "<!-- docscheck: flags rdma-device-plugin dance -->\n", `"rdma-device-plugin dance" is not a command`},
+		{"two flags markers", flagsMarker + "\n" + flagsMarker + "\n", "a second flags marker"},
 		{"stale flag after go run", fence + "sh\ngo run ./cmd/rdma-device-plugin discover --hostroot x\n" + fence + "\n", "rdma-device-plugin discover --hostroot"},
 		{"stale flag on a continuation line", fence + "sh\nsudo rdma-device-plugin doctor --host-root /x \\\n    --kubelet-dirs \"\"\n" + fence + "\n", "rdma-device-plugin doctor --kubelet-dirs"},
 		{"stale flag in a usage synopsis", fence + "\nrdma-device-plugin doctor [--host-root /]\n                          [--pods PID]\n" + fence + "\n", "rdma-device-plugin doctor --pods"},

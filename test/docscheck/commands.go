@@ -62,12 +62,11 @@ type FlagUse struct {
 // "go run ./cmd/NAME"; a subcommand may follow. Its flags are the words
 // that look like -name or --name[=value] (brackets of a usage synopsis
 // taken off), up to a comment or a redirection. Any other command's flags
-// (go build -tags, udevadm --action) are not looked at. With span, a code
-// span that starts with --name is a flag of rdma-device-plugin without a
-// command (Command "").
-func FlagUses(text string, span bool) []FlagUse {
+// (go build -tags, udevadm --action) are not looked at. With bare, a code
+// span that starts with --name is that flag without a command (Command "").
+func FlagUses(text string, bare bool) []FlagUse {
 	words := strings.Fields(text)
-	if span && len(words) > 0 && strings.HasPrefix(words[0], "--") {
+	if bare && len(words) > 0 && strings.HasPrefix(words[0], "--") {
 		if m := flagRE.FindStringSubmatch(words[0]); m != nil {
 			return []FlagUse{{Flag: m[1]}}
 		}

@@ -8,8 +8,9 @@
 //     of the Makefile;
 //   - every flag given to rdma-device-plugin (its subcommands discover,
 //     doctor, serve), rdma-device-plugin-dra or the sriov CNI, in a code
-//     span or a code block line, is one its --help lists (see commands.go
-//     for how a command line is recognised);
+//     span or a code block line, is one its --help lists (see FlagUses
+//     for how a command line is recognised), and so is a code span that
+//     is a flag alone on a page with a flags marker (see flagsMarkerRE);
 //   - every ```json and ```yaml block parses (YAML: every document of a
 //     multi-document block, duplicate keys refused), and a JSON block that
 //     is a pool config (a top-level configList or resourceList) loads with
@@ -149,8 +150,13 @@ var shellLangs = map[string]bool{"": true, "sh": true, "bash": true, "shell": tr
 // JSON and YAML examples parse.
 func (c *checker) code(file string, d *doc) []Problem {
 	var out []Problem
+	for _, cmd := range d.flagScope {
+		if _, ok := c.known.Flags[cmd]; !ok {
+			out = append(out, Problem{file, d.marker, fmt.Sprintf("flags marker: %q is not a command whose --help is known", cmd)})
+		}
+	}
 	for _, s := range d.spans {
-		out = append(out, c.commandLine(file, s.line, s.text, true)...)
+		out = append(out, c.commandLine(file, s.line, s.text, d.flagScope)...)
 	}
 	for _, b := range d.blocks {
 		if b.skip {
@@ -167,7 +173,7 @@ func (c *checker) code(file string, d *doc) []Problem {
 			}
 		case shellLangs[b.lang]:
 			for _, cl := range commandLines(b.text) {
-				out = append(out, c.commandLine(file, b.line+cl.line, cl.text, false)...)
+				out = append(out, c.commandLine(file, b.line+cl.line, cl.text, nil)...)
 			}
 		}
 	}
@@ -175,18 +181,19 @@ func (c *checker) code(file string, d *doc) []Problem {
 }
 
 // commandLine checks the make targets and flags one command line names;
-// span says it is an inline code span (where a lone --flag counts too).
-func (c *checker) commandLine(file string, line int, text string, span bool) []Problem {
+// scope is the page's flags marker for a code span that is a lone --flag
+// (nil: not checked, and nil for code block lines).
+func (c *checker) commandLine(file string, line int, text string, scope []string) []Problem {
 	var out []Problem
 	for _, t := range MakeTargets(text) {
 		if !c.known.MakeTargets[t] {
 			out = append(out, Problem{file, line, fmt.Sprintf("make %s: no such target in the Makefile", t)})
 		}
 	}
-	for _, u := range FlagUses(text, span) {
+	for _, u := range FlagUses(text, scope != nil) {
 		if u.Command == "" {
-			if !c.anyRDMAFlag(u.Flag) {
-				out = append(out, Problem{file, line, fmt.Sprintf("--%s: no such flag of rdma-device-plugin or its subcommands", u.Flag)})
+			if !c.inScope(scope, u.Flag) {
+				out = append(out, Problem{file, line, fmt.Sprintf("--%s: no such flag of %s (the page's flags marker)", u.Flag, strings.Join(scope, ", "))})
 			}
 			continue
 		}
@@ -202,9 +209,9 @@ func (c *checker) commandLine(file string, line int, text string, span bool) []P
 	return out
 }
 
-func (c *checker) anyRDMAFlag(flag string) bool {
-	for cmd, flags := range c.known.Flags {
-		if strings.HasPrefix(cmd, "rdma-device-plugin") && flags[flag] {
+func (c *checker) inScope(scope []string, flag string) bool {
+	for _, cmd := range scope {
+		if c.known.Flags[cmd][flag] {
 			return true
 		}
 	}

@@ -12,14 +12,26 @@ import (
 // wrong on purpose.
 const SkipMarker = "<!-- docscheck: skip -->"
 
+// A flags marker, <!-- docscheck: flags CMD[, CMD…] --> on a line of its
+// own anywhere in a page, says which commands (Commands, with a subcommand
+// where it has one: "rdma-device-plugin doctor") the page's code spans
+// that are a double-dash flag alone (`--host-root /host`) belong to; each
+// must be a flag of one of them. Without it such spans are not checked: a
+// page may name another program's flags (the kubelet's --root-dir) the
+// same way.
+var flagsMarkerRE = regexp.MustCompile(`^<!--\s*docscheck:\s*flags\s+(.+?)\s*-->$`)
+
 // doc is what the checks read of one Markdown file.
 type doc struct {
 	blocks   []block
 	spans    []span // inline code spans, outside code blocks
 	links    []link
 	headings []string // heading texts, in order
-	anchors  map[string]bool
-	problems []Problem // of the file's own structure (a stray marker)
+	// flagScope is what the page's flags marker names; marker its line.
+	flagScope []string
+	marker    int
+	anchors   map[string]bool
+	problems  []Problem // of the file's own structure (a stray marker)
 }
 
 // block is a fenced code block.
@@ -86,6 +98,15 @@ func parse(file, text string) *doc {
 			d.blocks = append(d.blocks, b)
 			lastNonBlank = ""
 			continue
+		}
+		if m := flagsMarkerRE.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
+			if d.marker != 0 {
+				d.problems = append(d.problems, Problem{file, i + 1, "a second flags marker (the first is on line " + strconv.Itoa(d.marker) + ")"})
+			}
+			d.marker = i + 1
+			for _, c := range strings.Split(m[1], ",") {
+				d.flagScope = append(d.flagScope, strings.TrimSpace(c))
+			}
 		}
 		if strings.TrimSpace(l) == SkipMarker {
 			if markerPending != 0 {
