@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
 	"github.com/fastpath-k8s/fastpath/internal/testbin"
 	"github.com/fastpath-k8s/fastpath/test/docscheck"
@@ -112,4 +113,27 @@ func TestReadmeShort(t *testing.T) {
 	require.NoError(t, err)
 	n := strings.Count(string(b), "\n")
 	require.LessOrEqual(t, n, 200, "README.md has %d lines: move the detail into docs/", n)
+}
+
+// The README shows the seed's NetworkAttachmentDefinition and pod as
+// test/e2e-cluster/seed has them (and make e2e-cluster applies them).
+func TestReadmeSeed(t *testing.T) {
+	root := repoRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(b), "\n```yaml\n")
+	require.True(t, ok, "README.md has no yaml block")
+	block, _, ok := strings.Cut(rest, "\n```\n")
+	require.True(t, ok)
+	docs := strings.Split(block, "\n---\n")
+	require.Len(t, docs, 2)
+	for i, f := range []string{"sriov-net-ib.yaml", "training-pod.yaml"} {
+		seed, err := os.ReadFile(filepath.Join(root, "test", "e2e-cluster", "seed", f))
+		require.NoError(t, err)
+		want, err := yaml.YAMLToJSON(seed)
+		require.NoError(t, err)
+		got, err := yaml.YAMLToJSON([]byte(docs[i]))
+		require.NoError(t, err)
+		require.JSONEq(t, string(want), string(got), "README.md's seed block differs from test/e2e-cluster/seed/%s", f)
+	}
 }
