@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"strings"
+
+	"github.com/fastpath-k8s/fastpath/internal/testnet"
+)
+
+// exclusive runs the CNI in exclusive mode, in the netns the check was
+// started in: in exclusive mode a new RDMA device belongs to the initial
+// netns, and a device without disassociate support (rxe) cannot be moved
+// out of it into a netns of the check's own. The RDMA device must move
+// with the netdev: if the kernel moves it, it must be in the pod and come
+// back on DEL; if the kernel refuses, ADD must fail naming the kernel's
+// reason and roll the netdev back, leaving nothing behind.
+func (p *phase) exclusive(ctx context.Context) {
+	r := p.r
+	r.section("exclusive RDMA netns mode: the RDMA device must move with the netdev, or ADD fails and rolls back")
+	tag := testnet.RandHex(4)
+	dev := "rxefp" + tag
+	vf := standIn{PCIAddress: vfAddress(0), Netdev: "fprc" + tag, RDMA: dev}
+	l, err := p.veth(vf.Netdev, "fprp"+tag)
+	if err != nil {
+		r.fail("%v", err)
+		return
+	}
+	vf.MAC = l.Attrs().HardwareAddr.String()
+	if err := p.rxe(dev, vf.Netdev); err != nil {
+		r.fail("%v", err)
+		return
+	}
+	if ok, err := rdmaPresent(dev, nil); err != nil || !ok {
+		r.fail("rxe device %s is not listed by RDMA netlink in this netns (present %v, %v): run make rdma-check in the node's initial network namespace", dev, ok, err)
+		return
+	}
+	r.ok("rdma link add %s type rxe netdev %s: port 1 ACTIVE, listed by RDMA netlink here", dev, vf.Netdev)
+	host, err := p.host(vf)
+	if err != nil {
+		r.fail("%v", err)
+		return
+	}
+	p.doctor(host, dev)
+
+	pod, podPath, err := p.podNetns()
+	if err != nil {
+		r.fail("%v", err)
+		return
+	}
+	n, err := newCNI(p.bin, p.work, "rdmacheck-exclusive", "192.168.78.0/24")
+	if err != nil {
+		r.fail("%v", err)
+		return
+	}
+	rt := attachment(pod, podPath, "net1", vf.PCIAddress)
+	res, addErr := n.add(ctx, rt)
+	if addErr != nil {
+		// The runtime's DEL after a failed ADD must succeed too.
+		delErr := n.del(ctx, rt)
+		msg := addErr.Error()
+		switch want := "move RDMA device " + dev + " into the pod"; {
+		case !strings.Contains(msg, want):
+			r.fail("ADD failed, but not on the RDMA move (want %q): %v; %s", want, addErr, n.log())
+		case strings.Contains(msg, "rollback"):
+			r.fail("ADD failed on the RDMA move and its rollback is incomplete: %v; %s", addErr, n.log())
+		default:
+			r.limit("the kernel did not move %s with its netdev; ADD failed with the kernel's reason: %s", dev, kernelReason(msg, want))
+		}
+		if delErr != nil {
+			r.fail("the runtime's DEL after the failed ADD: %v; %s", delErr, n.log())
+		} else {
+			r.ok("DEL after the failed ADD")
+		}
+		p.clean(n, []string{vf.Netdev}, []string{podPath})
+		return
+	}
+	r.ok("ADD %s -> %s in %s, %s", vf.PCIAddress, rt.IfName, pod, res.IPs[0].Address.String())
+	if ok, err := rdmaPresentAt(dev, podPath); err != nil || !ok {
+		r.fail("RDMA device %s is not in the pod's netns after ADD (present %v, %v)", dev, ok, err)
+	} else {
+		r.ok("RDMA device %s moved into the pod's netns with its netdev", dev)
+	}
+	if err := n.check(ctx, rt); err != nil {
+		r.fail("%v; %s", err, n.log())
+	} else {
+		r.ok("CHECK %s (the RDMA device is where the state says)", rt.IfName)
+	}
+	if err := n.del(ctx, rt); err != nil {
+		r.fail("%v; %s", err, n.log())
+	} else {
+		r.ok("DEL %s", rt.IfName)
+	}
+	if ok, err := rdmaPresent(dev, nil); err != nil || !ok {
+		r.fail("RDMA device %s is not back in the node's netns after DEL (present %v, %v)", dev, ok, err)
+	} else {
+		r.ok("RDMA device %s back in the node's netns", dev)
+	}
+	p.clean(n, []string{vf.Netdev}, []string{podPath})
+}
+
+// kernelReason is what follows the CNI's "move RDMA device … into the
+// pod" in its error: the kernel's (or RDMA netlink's) answer.
+func kernelReason(msg, step string) string {
+	_, after, _ := strings.Cut(msg, step)
+	return strings.TrimSpace(strings.TrimPrefix(after, ":"))
+}
