@@ -18,6 +18,9 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 
+// hostRootEnv is the sriov CNI's sysfs root (plugin.HostRootEnv).
+const hostRootEnv = "FASTPATH_HOST_ROOT"
+
 // cniNet is the sriov CNI with the reference host-local IPAM, driven
 // through libcni as a runtime drives it (the demo's way).
 type cniNet struct {
@@ -29,7 +32,13 @@ type cniNet struct {
 }
 
 // newCNI writes nothing: the plugins make their directories below work.
-func newCNI(bin, work, name, subnet string) (*cniNet, error) {
+// The CNI reads sysfs under host, which it takes from the environment
+// (FASTPATH_HOST_ROOT, as a runtime passes its own on): the check's
+// process environment, which libcni hands the plugins.
+func newCNI(bin, work, host, name, subnet string) (*cniNet, error) {
+	if err := os.Setenv(hostRootEnv, host); err != nil {
+		return nil, err
+	}
 	n := &cniNet{stateDir: filepath.Join(work, "cni-state"), ipamDir: filepath.Join(work, "ipam")}
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"sriov","capabilities":{"deviceID":true},`+
 		`"stateDir":%q,"logLevel":"info","ipam":{"type":"host-local","ranges":[[{"subnet":%q}]],"dataDir":%q}}]}`,

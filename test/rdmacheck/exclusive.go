@@ -47,7 +47,7 @@ func (p *phase) exclusive(ctx context.Context) {
 		r.fail("%v", err)
 		return
 	}
-	n, err := newCNI(p.bin, p.work, "rdmacheck-exclusive", "192.168.78.0/24")
+	n, err := newCNI(p.bin, p.work, host, "rdmacheck-exclusive", "192.168.78.0/24")
 	if err != nil {
 		r.fail("%v", err)
 		return

@@ -50,7 +50,7 @@ func (p *phase) nccl(ctx context.Context, stack gpuStack, script string) {
 		r.fail("%v", err)
 		return
 	}
-	n, err := newCNI(p.bin, p.work, "rdmacheck-nccl", "192.168.79.0/24")
+	n, err := newCNI(p.bin, p.work, host, "rdmacheck-nccl", "192.168.79.0/24")
 	if err != nil {
 		r.fail("%v", err)
 		return

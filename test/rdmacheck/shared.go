@@ -53,7 +53,7 @@ func (p *phase) shared(ctx context.Context) {
 		r.fail("%v", err)
 		return
 	}
-	n, err := newCNI(p.bin, p.work, "rdmacheck-shared", "192.168.78.0/24")
+	n, err := newCNI(p.bin, p.work, host, "rdmacheck-shared", "192.168.78.0/24")
 	if err != nil {
 		r.fail("%v", err)
 		return
