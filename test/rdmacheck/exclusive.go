@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"github.com/fastpath-k8s/fastpath/internal/testnet"
@@ -57,14 +58,10 @@ func (p *phase) exclusive(ctx context.Context) {
 	if addErr != nil {
 		// The runtime's DEL after a failed ADD must succeed too.
 		delErr := n.del(ctx, rt)
-		msg := addErr.Error()
-		switch want := "move RDMA device " + dev + " into the pod"; {
-		case !strings.Contains(msg, want):
-			r.fail("ADD failed, but not on the RDMA move (want %q): %v; %s", want, addErr, n.log())
-		case strings.Contains(msg, "rollback"):
-			r.fail("ADD failed on the RDMA move and its rollback is incomplete: %v; %s", addErr, n.log())
-		default:
-			r.limit("the kernel did not move %s with its netdev; ADD failed with the kernel's reason: %s", dev, kernelReason(msg, want))
+		if outcome, msg := judgeRefusedMove(addErr, dev); outcome == outLimit {
+			r.limit("%s", msg)
+		} else {
+			r.fail("%s; %s", msg, n.log())
 		}
 		if delErr != nil {
 			r.fail("the runtime's DEL after the failed ADD: %v; %s", delErr, n.log())
@@ -98,9 +95,21 @@ func (p *phase) exclusive(ctx context.Context) {
 	p.clean(n, []string{vf.Netdev}, []string{podPath})
 }
 
-// kernelReason is what follows the CNI's "move RDMA device … into the
-// pod" in its error: the kernel's (or RDMA netlink's) answer.
-func kernelReason(msg, step string) string {
-	_, after, _ := strings.Cut(msg, step)
-	return strings.TrimSpace(strings.TrimPrefix(after, ":"))
+// judgeRefusedMove judges a failed ADD in exclusive mode: it must have
+// failed on moving the RDMA device dev, with the kernel's reason, and
+// rolled back completely (the CNI joins a rollback's failure to the
+// error). A refusal handled so is soft-RoCE's limit (outLimit); anything
+// else is the CNI's failure (outFail).
+func judgeRefusedMove(err error, dev string) (outcome, msg string) {
+	text := err.Error()
+	step := "move RDMA device " + dev + " into the pod"
+	switch {
+	case !strings.Contains(text, step):
+		return outFail, fmt.Sprintf("ADD failed, but not on the RDMA move (want %q): %v", step, err)
+	case strings.Contains(text, "rollback"):
+		return outFail, fmt.Sprintf("ADD failed on the RDMA move and its rollback is incomplete: %v", err)
+	}
+	_, after, _ := strings.Cut(text, step)
+	reason := strings.TrimSpace(strings.TrimPrefix(after, ":"))
+	return outLimit, fmt.Sprintf("the kernel did not move %s with its netdev; ADD failed with the kernel's reason and rolled back: %s", dev, reason)
 }

@@ -113,6 +113,9 @@ func run(ctx context.Context, script string) int {
 			fmt.Fprintf(out, "\nRDMA netns mode restored to %s\n", orig)
 		}
 	}
+	if len(r.counts) > 0 {
+		fmt.Fprintf(out, "\n  exclusive mode and the mode switches: %s\n", r.summary())
+	}
 	failed = failed || r.failed()
 	if failed {
 		fmt.Fprintln(out, "\nrdma-check: FAIL")

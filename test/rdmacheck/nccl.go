@@ -90,6 +90,10 @@ func (p *phase) nccl(ctx context.Context, stack gpuStack, script string) {
 		r.ok("pod %s: %s -> net1 %s, rxe device %s on it", pod, vf.PCIAddress, res.IPs[0].Address.String(), k.rxe)
 	}
 	p.allReduce(ctx, host, script, ranks, "Socket")
+	if why := verbsUserSpace(); why != "" {
+		r.skip("NCCL over rxe: %s", why)
+		return
+	}
 	if why := roceListener(ranks[1].podPath); why != "" {
 		r.skip("NCCL over rxe: %s", why)
 		return
@@ -164,6 +168,25 @@ func (p *phase) allReduce(ctx context.Context, host, script string, ranks []rank
 		}
 	}
 	r.note("%s all-reduce of 64 MiB: algbw %.3f GB/s", kind, algbw)
+}
+
+// verbsUserSpace says why NCCL could not open an RDMA device here ("" if
+// it can): it needs ib_uverbs (the /dev/infiniband/uverbsN nodes; rdma_rxe
+// does not load it) and rdma-core's libibverbs with the rxe provider.
+func verbsUserSpace() string {
+	if _, err := os.Stat(filepath.Join(realSys, "module", "ib_uverbs")); err != nil {
+		if out, err := exec.Command("modprobe", "ib_uverbs").CombinedOutput(); err != nil {
+			return "ib_uverbs is not loaded and modprobe ib_uverbs failed: " + firstLine(out, err)
+		}
+	}
+	out, err := exec.Command("ldconfig", "-p").Output()
+	if err != nil {
+		return "ldconfig -p: " + err.Error()
+	}
+	if !bytes.Contains(out, []byte("libibverbs.so.1")) {
+		return "no libibverbs.so.1 (rdma-core's user space: apt install ibverbs-providers, dnf install libibverbs), which NCCL's NET/IB opens"
+	}
+	return ""
 }
 
 // inNetns runs f on a thread in the netns at path.

@@ -49,14 +49,14 @@ func netnsMode() (string, error) {
 // setNetnsMode is `rdma system set netns mode`. The kernel refuses a
 // change (EBUSY) while any network namespace but the initial one exists;
 // one that just closed goes away from a work queue, so EBUSY is retried
-// for a few seconds.
+// for a while.
 func setNetnsMode(mode string) error {
 	h, err := rdmaNetlink(nil)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		err := h.RdmaSystemSetNetnsMode(mode)
 		if err == nil {
