@@ -21,14 +21,7 @@ func (p *phase) exclusive(ctx context.Context) {
 	tag := testnet.RandHex(4)
 	dev := "rxefp" + tag
 	vf := standIn{PCIAddress: vfAddress(0), Netdev: "fprc" + tag, RDMA: dev}
-	l, err := p.veth(vf.Netdev, "fprp"+tag)
-	if err != nil {
-		r.fail("%v", err)
-		return
-	}
-	vf.MAC = l.Attrs().HardwareAddr.String()
-	if err := p.rxe(dev, vf.Netdev); err != nil {
-		r.fail("%v", err)
+	if _, ok := p.rxeStandIn(&vf, "fprp"+tag); !ok {
 		return
 	}
 	if ok, err := rdmaPresent(dev, nil); err != nil || !ok {
@@ -77,16 +70,7 @@ func (p *phase) exclusive(ctx context.Context) {
 	} else {
 		r.ok("RDMA device %s moved into the pod's netns with its netdev", dev)
 	}
-	if err := n.check(ctx, rt); err != nil {
-		r.fail("%v; %s", err, n.log())
-	} else {
-		r.ok("CHECK %s (the RDMA device is where the state says)", rt.IfName)
-	}
-	if err := n.del(ctx, rt); err != nil {
-		r.fail("%v; %s", err, n.log())
-	} else {
-		r.ok("DEL %s", rt.IfName)
-	}
+	p.checkAndDel(ctx, n, rt, " (the RDMA device is where the state says)")
 	if ok, err := rdmaPresent(dev, nil); err != nil || !ok {
 		r.fail("RDMA device %s is not back in the node's netns after DEL (present %v, %v)", dev, ok, err)
 	} else {

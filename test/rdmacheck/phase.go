@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
 	"github.com/fastpath-k8s/fastpath/internal/testnet"
@@ -85,6 +87,37 @@ func (p *phase) rxe(name, netdev string) error {
 	}
 	p.later(func() error { return delRxe(name) })
 	return nil
+}
+
+// rxeStandIn makes the VF stand-in vf.Netdev (a veth with peer) with the
+// rxe device vf.RDMA on it, and fills in vf.MAC; false (reported) when
+// the kernel refused.
+func (p *phase) rxeStandIn(vf *standIn, peer string) (netlink.Link, bool) {
+	l, err := p.veth(vf.Netdev, peer)
+	if err != nil {
+		p.r.fail("%v", err)
+		return nil, false
+	}
+	vf.MAC = l.Attrs().HardwareAddr.String()
+	if err := p.rxe(vf.RDMA, vf.Netdev); err != nil {
+		p.r.fail("%v", err)
+		return nil, false
+	}
+	return l, true
+}
+
+// checkAndDel runs CHECK, then DEL, of an attachment, and reports both.
+func (p *phase) checkAndDel(ctx context.Context, n *cniNet, rt *libcni.RuntimeConf, checked string) {
+	if err := n.check(ctx, rt); err != nil {
+		p.r.fail("%v; %s", err, n.log())
+	} else {
+		p.r.ok("CHECK %s%s", rt.IfName, checked)
+	}
+	if err := n.del(ctx, rt); err != nil {
+		p.r.fail("%v; %s", err, n.log())
+	} else {
+		p.r.ok("DEL %s", rt.IfName)
+	}
 }
 
 // podNetns makes a named netns standing in for a pod's.

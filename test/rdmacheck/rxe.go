@@ -17,15 +17,18 @@ import (
 // realSys is the running kernel's sysfs.
 const realSys = "/sys"
 
-// rdmaNetlink opens RDMA netlink in the netns n (nil: the caller's).
+// rdmaNetlink opens RDMA netlink in the netns n (nil: the calling
+// thread's).
 func rdmaNetlink(n *netns.NS) (*netlink.Handle, error) {
-	var h *netlink.Handle
-	var err error
 	if n == nil {
-		h, err = netlink.NewHandle(unix.NETLINK_RDMA)
-	} else {
-		h, err = n.NewHandle(unix.NETLINK_RDMA)
+		cur, err := netns.Current()
+		if err != nil {
+			return nil, err
+		}
+		defer cur.Close()
+		n = cur
 	}
+	h, err := n.NewHandle(unix.NETLINK_RDMA)
 	if err != nil {
 		return nil, fmt.Errorf("RDMA netlink: %w", err)
 	}

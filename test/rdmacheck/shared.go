@@ -16,14 +16,8 @@ func (p *phase) shared(ctx context.Context) {
 	r.section("shared RDMA netns mode: the netdev moves, the RDMA device stays visible, its GIDs follow the pod's address")
 	dev := "rxefp" + testnet.RandHex(3)
 	vf := standIn{PCIAddress: vfAddress(0), Netdev: "fprcvf0", RDMA: dev}
-	l, err := p.veth(vf.Netdev, "fprcpeer0")
-	if err != nil {
-		r.fail("%v", err)
-		return
-	}
-	vf.MAC = l.Attrs().HardwareAddr.String()
-	if err := p.rxe(dev, vf.Netdev); err != nil {
-		r.fail("%v", err)
+	l, ok := p.rxeStandIn(&vf, "fprcpeer0")
+	if !ok {
 		return
 	}
 	r.ok("rdma link add %s type rxe netdev %s: port 1 ACTIVE", dev, vf.Netdev)
@@ -67,16 +61,7 @@ func (p *phase) shared(ctx context.Context) {
 	podIP := res.IPs[0].Address.IP
 	r.ok("ADD %s -> %s in %s, %s", vf.PCIAddress, rt.IfName, pod, res.IPs[0].Address.String())
 	p.afterMove(dev, vf, podIP, podPath)
-	if err := n.check(ctx, rt); err != nil {
-		r.fail("%v; %s", err, n.log())
-	} else {
-		r.ok("CHECK %s", rt.IfName)
-	}
-	if err := n.del(ctx, rt); err != nil {
-		r.fail("%v; %s", err, n.log())
-	} else {
-		r.ok("DEL %s", rt.IfName)
-	}
+	p.checkAndDel(ctx, n, rt, "")
 	p.clean(n, []string{vf.Netdev}, []string{podPath})
 }
 
