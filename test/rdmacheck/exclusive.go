@@ -48,6 +48,7 @@ func (p *phase) exclusive(ctx context.Context) {
 	}
 	rt := attachment(pod, podPath, "net1", vf.PCIAddress)
 	res, addErr := n.add(ctx, rt)
+	p.follow(vf)
 	if addErr != nil {
 		// The runtime's DEL after a failed ADD must succeed too.
 		delErr := n.del(ctx, rt)

@@ -143,6 +143,15 @@ func (p *phase) host(vfs ...standIn) (string, error) {
 	return root, writeHost(root, realSys, vfs)
 }
 
+// follow rewrites the fixture host as the kernel now is (after a move
+// in which the kernel dropped or moved the RDMA device), so that the
+// CNI's next call reads what sysfs would show.
+func (p *phase) follow(vfs ...standIn) {
+	if _, err := p.host(vfs...); err != nil {
+		p.r.fail("%v", err)
+	}
+}
+
 // doctor runs doctor on the host and judges the kernel-facing checks.
 func (p *phase) doctor(host, dev string) {
 	checks, err := runDoctor(p.bin, host)

@@ -81,9 +81,7 @@ func (p *phase) afterMove(dev string, vf standIn, podIP net.IP, podPath string) 
 		return
 	case gone:
 		r.limit("rxe unregistered %s when %s left the node's netns (the rxe driver deletes its device on the NETDEV_UNREGISTER a netns move sends; a ConnectX VF keeps its RDMA device): the pod's GID cannot be looked for on soft-RoCE", dev, vf.Netdev)
-		if _, err := p.host(vf); err != nil {
-			r.fail("%v", err)
-		}
+		p.follow(vf)
 		return
 	}
 	if ok, err := rdmaPresentAt(dev, podPath); err != nil || !ok {
