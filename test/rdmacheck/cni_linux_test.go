@@ -27,7 +27,7 @@ func TestCNIOnHost(t *testing.T) {
 	bin := testbin.Build(t, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov", testbin.HostLocal)
 	var out bytes.Buffer
 	r := newReport(&out)
-	p, err := newPhase(r, bin, modeShared)
+	p, err := newPhase(r, kernelRDMA{}, bin, modeShared)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		p.cleanup()

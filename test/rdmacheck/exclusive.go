@@ -24,7 +24,7 @@ func (p *phase) exclusive(ctx context.Context) {
 	if _, ok := p.rxeStandIn(&vf, "fprp"+tag); !ok {
 		return
 	}
-	if ok, err := rdmaPresent(dev, nil); err != nil || !ok {
+	if ok, err := p.k.Present(dev, nil); err != nil || !ok {
 		r.fail("rxe device %s is not listed by RDMA netlink in this netns (present %v, %v): run make rdma-check in the node's initial network namespace", dev, ok, err)
 		return
 	}
@@ -66,13 +66,13 @@ func (p *phase) exclusive(ctx context.Context) {
 		return
 	}
 	r.ok("ADD %s -> %s in %s, %s", vf.PCIAddress, rt.IfName, pod, res.IPs[0].Address.String())
-	if ok, err := rdmaPresentAt(dev, podPath); err != nil || !ok {
+	if ok, err := presentAt(p.k, dev, podPath); err != nil || !ok {
 		r.fail("RDMA device %s is not in the pod's netns after ADD (present %v, %v)", dev, ok, err)
 	} else {
 		r.ok("RDMA device %s moved into the pod's netns with its netdev", dev)
 	}
 	p.checkAndDel(ctx, n, rt, " (the RDMA device is where the state says)")
-	if ok, err := rdmaPresent(dev, nil); err != nil || !ok {
+	if ok, err := p.k.Present(dev, nil); err != nil || !ok {
 		r.fail("RDMA device %s is not back in the node's netns after DEL (present %v, %v)", dev, ok, err)
 	} else {
 		r.ok("RDMA device %s back in the node's netns", dev)

@@ -97,7 +97,7 @@ func run(ctx context.Context, script string) int {
 		case modeShared:
 			failed = sharedInChild(out, bin) || failed
 		case modeExclusive:
-			p, err := newPhase(r, bin, m)
+			p, err := newPhase(r, kernelRDMA{}, bin, m)
 			if err != nil {
 				r.fail("%v", err)
 				continue
@@ -148,7 +148,7 @@ func sharedInChild(out *os.File, bin string) bool {
 // sharedChild is the shared phase, then NCCL, in the isolated child.
 func sharedChild(ctx context.Context, bin, script string) int {
 	r := newReport(os.Stdout)
-	p, err := newPhase(r, bin, modeShared)
+	p, err := newPhase(r, kernelRDMA{}, bin, modeShared)
 	if err != nil {
 		fmt.Println("FAIL:", err)
 		return 1
@@ -158,7 +158,7 @@ func sharedChild(ctx context.Context, bin, script string) int {
 	r.section("NCCL")
 	if stack, why := probeGPU(); why != "" {
 		r.skip("NCCL all-reduce: %s", why)
-	} else if p, err = newPhase(r, bin, modeShared); err != nil {
+	} else if p, err = newPhase(r, kernelRDMA{}, bin, modeShared); err != nil {
 		r.fail("%v", err)
 	} else {
 		p.nccl(ctx, stack, script)

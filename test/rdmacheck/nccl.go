@@ -60,7 +60,7 @@ func (p *phase) nccl(ctx context.Context, stack gpuStack, script string) {
 	var pods []string
 	defer func() {
 		for i := len(rts) - 1; i >= 0; i-- {
-			_ = inNetns(ranks[i].podPath, func() error { return delRxe(ranks[i].rxe) })
+			_ = inNetns(ranks[i].podPath, func() error { return p.k.DelRxe(ranks[i].rxe) })
 			if err := n.del(ctx, rts[i]); err != nil {
 				r.fail("%v; %s", err, n.log())
 			}
@@ -83,7 +83,7 @@ func (p *phase) nccl(ctx context.Context, stack gpuStack, script string) {
 		rts = append(rts, rt)
 		k := rank{pod: pod, podPath: podPath, addr: res.IPs[0].Address.IP.String(), rxe: "rxefp" + testnet.RandHex(3)}
 		ranks = append(ranks, k)
-		if err := inNetns(podPath, func() error { return addRxe(k.rxe, "net1") }); err != nil {
+		if err := inNetns(podPath, func() error { return p.k.AddRxe(k.rxe, "net1") }); err != nil {
 			r.fail("in pod %s: %v", pod, err)
 			return
 		}

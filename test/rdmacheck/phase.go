@@ -21,18 +21,19 @@ type phase struct {
 	bin  string // the built binaries (CNI_PATH too)
 	work string // this phase's scratch directory
 	mode string
+	k    rdmaKernel
 	// node is the network namespace the phase's node is: the check's
 	// own (shared) or the one it was started in (exclusive).
 	node *netlink.Handle
 	undo []func() error
 }
 
-func newPhase(r *report, bin, mode string) (*phase, error) {
+func newPhase(r *report, k rdmaKernel, bin, mode string) (*phase, error) {
 	work, err := os.MkdirTemp("", "fastpath-rdmacheck-"+mode+"-")
 	if err != nil {
 		return nil, err
 	}
-	p := &phase{r: r, bin: bin, work: work, mode: mode, node: &netlink.Handle{}}
+	p := &phase{r: r, k: k, bin: bin, work: work, mode: mode, node: &netlink.Handle{}}
 	p.later(func() error { return os.RemoveAll(work) })
 	return p, nil
 }
@@ -81,11 +82,11 @@ func (p *phase) veth(name, peer string) (netlink.Link, error) {
 // rxe makes the rxe device name on netdev (in the caller's netns) and
 // deletes it at cleanup.
 func (p *phase) rxe(name, netdev string) error {
-	if err := addRxe(name, netdev); err != nil {
-		_ = delRxe(name)
+	if err := p.k.AddRxe(name, netdev); err != nil {
+		_ = p.k.DelRxe(name)
 		return err
 	}
-	p.later(func() error { return delRxe(name) })
+	p.later(func() error { return p.k.DelRxe(name) })
 	return nil
 }
 
@@ -140,7 +141,7 @@ func (p *phase) podNetns() (name, path string, err error) {
 // host writes the phase's fixture host for vfs as the kernel is now.
 func (p *phase) host(vfs ...standIn) (string, error) {
 	root := filepath.Join(p.work, "host")
-	return root, writeHost(root, realSys, vfs)
+	return root, writeHost(root, p.k.Sys(), vfs)
 }
 
 // follow rewrites the fixture host as the kernel now is (after a move

@@ -17,6 +17,38 @@ import (
 // realSys is the running kernel's sysfs.
 const realSys = "/sys"
 
+// rdmaKernel is what a phase asks of the kernel's RDMA core: rxe devices
+// made and deleted, listed in a netns, and where its sysfs is. The real
+// one is RDMA netlink and /sys (kernelRDMA); tests give a stand-in.
+type rdmaKernel interface {
+	// Sys is the kernel's sysfs, where class/infiniband/<dev> is.
+	Sys() string
+	// AddRxe makes an rxe device on netdev, in the calling thread's
+	// netns, and waits for its port to be ACTIVE.
+	AddRxe(name, netdev string) error
+	// DelRxe deletes it, if it is still there.
+	DelRxe(name string) error
+	// Present reports whether RDMA netlink in n (nil: the calling
+	// thread's netns) lists the device.
+	Present(name string, n *netns.NS) (bool, error)
+	// Gone waits up to timeout for the device to be unregistered and
+	// reports whether it was.
+	Gone(name string, timeout time.Duration) (bool, error)
+}
+
+// kernelRDMA is the running kernel.
+type kernelRDMA struct{}
+
+var _ rdmaKernel = kernelRDMA{}
+
+func (kernelRDMA) Sys() string                                    { return realSys }
+func (kernelRDMA) AddRxe(name, netdev string) error               { return addRxe(name, netdev) }
+func (kernelRDMA) DelRxe(name string) error                       { return delRxe(name) }
+func (kernelRDMA) Present(name string, n *netns.NS) (bool, error) { return rdmaPresent(name, n) }
+func (kernelRDMA) Gone(name string, timeout time.Duration) (bool, error) {
+	return rxeGone(name, timeout)
+}
+
 // rdmaNetlink opens RDMA netlink in the netns n (nil: the calling
 // thread's).
 func rdmaNetlink(n *netns.NS) (*netlink.Handle, error) {
@@ -140,9 +172,9 @@ func rxeGone(name string, timeout time.Duration) (bool, error) {
 	}
 }
 
-// portDir is the sysfs directory of the device's port 1.
-func portDir(dev string) string {
-	return filepath.Join(realSys, "class", "infiniband", dev, "ports", "1")
+// portDir is the sysfs directory of the device's port 1 under sys.
+func portDir(sys, dev string) string {
+	return filepath.Join(sys, "class", "infiniband", dev, "ports", "1")
 }
 
 // waitPortActive waits for the device's port 1 to be ACTIVE (rxe's port
@@ -150,7 +182,7 @@ func portDir(dev string) string {
 func waitPortActive(dev string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		b, err := os.ReadFile(filepath.Join(portDir(dev), "state"))
+		b, err := os.ReadFile(filepath.Join(portDir(realSys, dev), "state"))
 		state := strings.TrimSpace(string(b))
 		if err == nil && strings.HasSuffix(state, "ACTIVE") {
 			return nil
@@ -165,12 +197,12 @@ func waitPortActive(dev string, timeout time.Duration) error {
 	}
 }
 
-// rdmaPresentAt is rdmaPresent in the netns at path.
-func rdmaPresentAt(name, path string) (bool, error) {
+// presentAt is k.Present in the netns at path.
+func presentAt(k rdmaKernel, name, path string) (bool, error) {
 	n, err := netns.Open(path)
 	if err != nil {
 		return false, err
 	}
 	defer n.Close()
-	return rdmaPresent(name, n)
+	return k.Present(name, n)
 }

@@ -26,7 +26,7 @@ func (p *phase) shared(ctx context.Context) {
 		r.fail("%v", err)
 		return
 	}
-	if g, err := waitGID(portDir(dev), addr.IP, vf.Netdev, 10*time.Second); err != nil {
+	if g, err := waitGID(portDir(p.k.Sys(), dev), addr.IP, vf.Netdev, 10*time.Second); err != nil {
 		r.fail("GID of the node's address: %v", err)
 	} else {
 		r.ok("GID follows the node's address: %s", g)
@@ -74,7 +74,7 @@ func (p *phase) shared(ctx context.Context) {
 // the kernel: the VF has no RDMA device, as sysfs would show.
 func (p *phase) afterMove(dev string, vf standIn, podIP net.IP, podPath string) {
 	r := p.r
-	gone, err := rxeGone(dev, 3*time.Second)
+	gone, err := p.k.Gone(dev, 3*time.Second)
 	switch {
 	case err != nil:
 		r.fail("RDMA device %s after the move: %v", dev, err)
@@ -84,12 +84,12 @@ func (p *phase) afterMove(dev string, vf standIn, podIP net.IP, podPath string) 
 		p.follow(vf)
 		return
 	}
-	if ok, err := rdmaPresentAt(dev, podPath); err != nil || !ok {
+	if ok, err := presentAt(p.k, dev, podPath); err != nil || !ok {
 		r.fail("RDMA device %s not visible in the pod's netns in shared mode (present %v, %v)", dev, ok, err)
 	} else {
 		r.ok("RDMA device %s stayed registered and is visible in the pod's netns", dev)
 	}
-	if g, err := waitGID(portDir(dev), podIP, "net1", 10*time.Second); err != nil {
+	if g, err := waitGID(portDir(p.k.Sys(), dev), podIP, "net1", 10*time.Second); err != nil {
 		r.fail("GID of the pod's address: %v", err)
 	} else {
 		r.ok("GID follows the pod's address: %s", g)
