@@ -78,7 +78,9 @@ func judgeDoctor(checks []doctorCheck, mode, dev string) (good []string, bad []e
 		bad = append(bad, fmt.Errorf("doctor %s: want %s, got %v", name, want, cs))
 	}
 	expect("rdma-netns", func(c doctorCheck) bool {
-		return c.Status == "ok" && c.Subject == "RDMA netlink" && strings.HasPrefix(c.Message, mode+":")
+		// "exclusive: each RDMA device…", "shared (the default): every pod…"
+		return c.Status == "ok" && c.Subject == "RDMA netlink" &&
+			(strings.HasPrefix(c.Message, mode+":") || strings.HasPrefix(c.Message, mode+" ("))
 	}, fmt.Sprintf("ok %q from RDMA netlink", mode))
 	// doctor names a port only when something is wrong with it, and
 	// counts the healthy ones in one ok line.
