@@ -87,7 +87,12 @@ func run(ctx context.Context, script string) int {
 		if m != cur {
 			if err := setNetnsMode(m); err != nil {
 				r.section("%s RDMA netns mode", m)
-				r.skip("the kernel refused the switch: %v. It switches only while no network namespace but the initial one exists (no containers, no ip netns); to check %s mode, run make rdma-check on an idle node, or boot with ib_core netns_mode=%d", err, m, map[string]int{modeShared: 1, modeExclusive: 0}[m])
+				also := ""
+				if m == modeShared {
+					also = " (and NCCL, which runs in shared mode)"
+				}
+				r.skip("%s mode%s: the kernel refused the switch: %v. It switches only while no network namespace but the initial one exists (no containers, no ip netns); to check it, run make rdma-check on an idle node, or boot with ib_core netns_mode=%d",
+					m, also, err, map[string]int{modeShared: 1, modeExclusive: 0}[m])
 				continue
 			}
 			cur = m
