@@ -30,6 +30,9 @@ type standInKernel struct {
 	// keep makes the device stay when its netdev leaves, as a ConnectX
 	// VF's does.
 	keep bool
+	// exclusive: a device is listed in the node's netns only (the
+	// stand-in never moves one); else in every netns.
+	exclusive bool
 
 	mu   sync.Mutex        // guards the fields below
 	devs map[string]string // device -> its netdev
@@ -70,11 +73,11 @@ func (k *standInKernel) DelRxe(name string) error {
 	return os.RemoveAll(filepath.Join(k.Sys(), "devices", "pci0000:00", k.addr[name], "infiniband", name))
 }
 
-func (k *standInKernel) Present(name string, _ *netns.NS) (bool, error) {
+func (k *standInKernel) Present(name string, n *netns.NS) (bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	_, ok := k.devs[name]
-	return ok, nil
+	return ok && (n == nil || !k.exclusive), nil
 }
 
 func (k *standInKernel) Gone(name string, _ time.Duration) (bool, error) {
@@ -152,4 +155,42 @@ func TestSharedPhase(t *testing.T) {
 			require.ErrorIs(t, err, os.ErrNotExist, fmt.Sprintf("%s removed", p.work))
 		})
 	}
+}
+
+// TestExclusivePhase runs the exclusive phase over a stand-in RDMA core
+// with the real CNI, which, finding no RDMA netlink here, attaches the
+// netdev and leaves the RDMA device on the node: the phase must call that
+// a failure, and still check CHECK, DEL and the leftovers.
+func TestExclusivePhase(t *testing.T) {
+	testnet.RequireRoot(t, "veth links and network namespaces")
+	if testing.Short() {
+		t.Skip("builds the CNI and the device plugin")
+	}
+	if _, err := netnsMode(); err == nil {
+		t.Skip("this kernel has an RDMA core: make rdma-check runs the phase on it")
+	}
+	bin := testbin.Build(t, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov", testbin.HostLocal,
+		"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin")
+	k := &standInKernel{root: t.TempDir(), exclusive: true, devs: map[string]string{}, addr: map[string]string{}}
+	var out bytes.Buffer
+	r := newReport(&out)
+	p, err := newPhase(r, k, bin, modeExclusive)
+	require.NoError(t, err)
+	p.exclusive(context.Background())
+	p.cleanup()
+	t.Log(out.String())
+
+	require.Equal(t, map[string]int{outOK: 8, outFail: 2}, r.counts, out.String())
+	for _, want := range []string{
+		"listed by RDMA netlink here",
+		`FAIL   doctor rdma-netns: want ok "exclusive" from RDMA netlink`,
+		"ok     ADD " + vfAddress(0) + " -> net1 in fprc-pod-",
+		"FAIL   RDMA device rxefp", "is not in the pod's netns after ADD",
+		"ok     CHECK net1", "ok     DEL net1",
+		"back in the node's netns",
+		"ok     nothing left behind",
+	} {
+		require.Contains(t, out.String(), want)
+	}
+	require.Empty(t, k.devs)
 }
