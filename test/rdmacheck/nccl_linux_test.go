@@ -1,16 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
 )
 
 // fakeRanks stands in for allreduce.py where there is no GPU: run as a
@@ -42,27 +38,14 @@ print("RESULT rank=%d ok=True bytes=67108864 time_us=1000 algbw_GBps=67.109" % a
 // (ip netns exec), the transport judged, the real doctor's verdict on each
 // log, the figures, nothing left behind.
 func TestNCCLPhase(t *testing.T) {
-	testnet.RequireRoot(t, "veth links and network namespaces")
-	if testing.Short() {
-		t.Skip("builds the CNI and the device plugin")
-	}
-	if _, err := netnsMode(); err == nil {
-		t.Skip("this kernel has an RDMA core: make rdma-check runs the phase on it")
-	}
-	bin := testbin.Build(t, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov", testbin.HostLocal,
-		"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin")
+	bin := phaseBinaries(t)
 	script := filepath.Join(t.TempDir(), "ranks.py")
 	require.NoError(t, os.WriteFile(script, []byte(fakeRanks), 0o644))
-	k := &standInKernel{root: t.TempDir(), devs: map[string]string{}, addr: map[string]string{}}
-	var out bytes.Buffer
-	r := newReport(&out)
-	p, err := newPhase(r, k, bin, modeShared)
-	require.NoError(t, err)
-	ctx := context.Background()
-	p.nccl(ctx, gpuStack{Torch: "stand-in", NCCL: "stand-in", GPUs: 1}, script)
-	p.cleanup()
-	t.Log(out.String())
-	require.False(t, r.failed(), out.String())
+	k := newStandInKernel(t, nil)
+	r, out, _ := runPhase(t, k, bin, modeShared, func(p *phase) {
+		p.nccl(context.Background(), gpuStack{Torch: "stand-in", NCCL: "stand-in", GPUs: 1}, script)
+	})
+	require.False(t, r.failed(), out)
 	for _, want := range []string{
 		"ok     pod fprc-pod-", "-> net1 192.168.79.2/24, rxe device rxefp", "-> net1 192.168.79.3/24, rxe device rxefp",
 		"ok     Socket run, rank 0: sum right on every element of 64 MiB",
@@ -72,15 +55,15 @@ func TestNCCLPhase(t *testing.T) {
 		"Socket all-reduce of 64 MiB: algbw 67.109 GB/s",
 		"ok     nothing left behind: stand-ins back in the node's netns under their own names",
 	} {
-		require.Contains(t, out.String(), want)
+		require.Contains(t, out, want)
 	}
 	if why := verbsUserSpace(); why != "" {
-		require.Contains(t, out.String(), "skip   NCCL over rxe: "+why)
+		require.Contains(t, out, "skip   NCCL over rxe: "+why)
 		return
 	}
 	// A machine with ib_uverbs and libibverbs but no RDMA netlink: the IB
 	// run is judged too (the stand-in rxe has no RoCE socket, so a real
 	// kernel's check would skip here; the stand-in ranks do not care).
-	require.Contains(t, out.String(), "NCCL over rxe: no RoCE v2 socket")
+	require.Contains(t, out, "NCCL over rxe: no RoCE v2 socket")
 	require.Empty(t, k.devs)
 }

@@ -41,6 +41,47 @@ type standInKernel struct {
 
 var _ rdmaKernel = (*standInKernel)(nil)
 
+// newStandInKernel is a stand-in RDMA core with the RDMA modules loaded
+// and, for each netdev, the GID table its devices get.
+func newStandInKernel(t *testing.T, gids map[string][]fixture.GID) *standInKernel {
+	t.Helper()
+	k := &standInKernel{root: t.TempDir(), gids: gids, devs: map[string]string{}, addr: map[string]string{}}
+	b, err := fixture.NewBuilder(k.root)
+	require.NoError(t, err)
+	require.NoError(t, b.Modules(fixture.RDMAModules("rdma_rxe")...))
+	return k
+}
+
+// runPhase runs one phase with k and bin as make rdma-check does, cleans
+// up after it, and returns the report, its output and the phase's
+// scratch directory (gone by then).
+func runPhase(t *testing.T, k rdmaKernel, bin, mode string, run func(*phase)) (*report, string, string) {
+	t.Helper()
+	var out bytes.Buffer
+	r := newReport(&out)
+	p, err := newPhase(r, k, bin, mode)
+	require.NoError(t, err)
+	run(p)
+	p.cleanup()
+	t.Log(out.String())
+	return r, out.String(), p.work
+}
+
+// phaseBinaries skips a phase test where it cannot run and builds what
+// a phase runs: the CNI, host-local and the device plugin (doctor).
+func phaseBinaries(t *testing.T) string {
+	t.Helper()
+	testnet.RequireRoot(t, "veth links and network namespaces")
+	if testing.Short() {
+		t.Skip("builds the CNI and the device plugin")
+	}
+	if _, err := netnsMode(); err == nil {
+		t.Skip("this kernel has an RDMA core: make rdma-check runs the phase on it")
+	}
+	return testbin.Build(t, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov", testbin.HostLocal,
+		"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin")
+}
+
 func (k *standInKernel) Sys() string { return filepath.Join(k.root, "sys") }
 
 func (k *standInKernel) AddRxe(name, netdev string) error {
@@ -99,15 +140,7 @@ func (k *standInKernel) Gone(name string, _ time.Duration) (bool, error) {
 // none) passes. A device that goes with its netdev (rxe) is the limit; one
 // that stays must be visible in the pod with the pod's address's GID.
 func TestSharedPhase(t *testing.T) {
-	testnet.RequireRoot(t, "veth links and network namespaces")
-	if testing.Short() {
-		t.Skip("builds the CNI and the device plugin")
-	}
-	if _, err := netnsMode(); err == nil {
-		t.Skip("this kernel has an RDMA core: make rdma-check runs the phase on it")
-	}
-	bin := testbin.Build(t, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov", testbin.HostLocal,
-		"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin")
+	bin := phaseBinaries(t)
 	common := []string{
 		"ok     rdma link add rxefp",
 		"ok     GID follows the node's address: [3] 192.168.77.1 RoCE v2 fprcvf0",
@@ -133,26 +166,16 @@ func TestSharedPhase(t *testing.T) {
 			[]string{"stayed registered and is visible in the pod's netns", "ok     GID follows the pod's address: [5] 192.168.78.2 RoCE v2 net1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			k := &standInKernel{root: t.TempDir(), gids: map[string][]fixture.GID{"fprcvf0": tc.gids}, keep: tc.keep,
-				devs: map[string]string{}, addr: map[string]string{}}
-			b, err := fixture.NewBuilder(k.root)
-			require.NoError(t, err)
-			require.NoError(t, b.Modules(fixture.RDMAModules("rdma_rxe")...))
-			var out bytes.Buffer
-			r := newReport(&out)
-			p, err := newPhase(r, k, bin, modeShared)
-			require.NoError(t, err)
-			p.shared(context.Background())
-			p.cleanup()
-			t.Log(out.String())
-
-			require.Equal(t, tc.counts, r.counts, out.String())
+			k := newStandInKernel(t, map[string][]fixture.GID{"fprcvf0": tc.gids})
+			k.keep = tc.keep
+			r, out, work := runPhase(t, k, bin, modeShared, func(p *phase) { p.shared(context.Background()) })
+			require.Equal(t, tc.counts, r.counts, out)
 			for _, want := range append(common, tc.want...) {
-				require.Contains(t, out.String(), want)
+				require.Contains(t, out, want)
 			}
 			require.Empty(t, k.devs, "the phase deleted what it made")
-			_, err = os.Stat(p.work)
-			require.ErrorIs(t, err, os.ErrNotExist, fmt.Sprintf("%s removed", p.work))
+			_, err := os.Stat(work)
+			require.ErrorIs(t, err, os.ErrNotExist, fmt.Sprintf("%s removed", work))
 		})
 	}
 }
@@ -162,25 +185,11 @@ func TestSharedPhase(t *testing.T) {
 // netdev and leaves the RDMA device on the node: the phase must call that
 // a failure, and still check CHECK, DEL and the leftovers.
 func TestExclusivePhase(t *testing.T) {
-	testnet.RequireRoot(t, "veth links and network namespaces")
-	if testing.Short() {
-		t.Skip("builds the CNI and the device plugin")
-	}
-	if _, err := netnsMode(); err == nil {
-		t.Skip("this kernel has an RDMA core: make rdma-check runs the phase on it")
-	}
-	bin := testbin.Build(t, "github.com/fastpath-k8s/fastpath/cmd/sriov-cni=sriov", testbin.HostLocal,
-		"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin")
-	k := &standInKernel{root: t.TempDir(), exclusive: true, devs: map[string]string{}, addr: map[string]string{}}
-	var out bytes.Buffer
-	r := newReport(&out)
-	p, err := newPhase(r, k, bin, modeExclusive)
-	require.NoError(t, err)
-	p.exclusive(context.Background())
-	p.cleanup()
-	t.Log(out.String())
-
-	require.Equal(t, map[string]int{outOK: 8, outFail: 2}, r.counts, out.String())
+	bin := phaseBinaries(t)
+	k := newStandInKernel(t, nil)
+	k.exclusive = true
+	r, out, _ := runPhase(t, k, bin, modeExclusive, func(p *phase) { p.exclusive(context.Background()) })
+	require.Equal(t, map[string]int{outOK: 8, outFail: 2}, r.counts, out)
 	for _, want := range []string{
 		"listed by RDMA netlink here",
 		`FAIL   doctor rdma-netns: want ok "exclusive" from RDMA netlink`,
@@ -190,7 +199,7 @@ func TestExclusivePhase(t *testing.T) {
 		"back in the node's netns",
 		"ok     nothing left behind",
 	} {
-		require.Contains(t, out.String(), want)
+		require.Contains(t, out, want)
 	}
 	require.Empty(t, k.devs)
 }
