@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short lint fmt vet bench discover demo e2e e2e-cluster image-tar fixtures clean soak fuzz
+.PHONY: all build cross portable test test-short lint fmt vet bench discover demo rdma-check e2e e2e-cluster image-tar fixtures clean soak fuzz
 
 all: lint build test
 
@@ -101,6 +101,16 @@ demo:
 	@if [ "$$(id -u)" != 0 ]; then echo "make demo needs root: it creates a network namespace and veth links standing in for the VFs (sudo make demo)"; exit 2; fi
 	$(GO) list -deps ./cmd/... github.com/containernetworking/plugins/plugins/ipam/host-local >/dev/null
 	$(GO) run ./test/demo --host-root $(HOSTROOT) --config $(CONFIG)
+
+# The RDMA path on the running kernel, as root: soft-RoCE (rdma_rxe) on veth
+# stand-ins for VFs, the sriov CNI's ADD/CHECK/DEL in both RDMA netns modes
+# (the mode is switched where the kernel lets it, and put back), doctor
+# against the real RDMA netlink; with a GPU, PyTorch and NCCL, an NCCL
+# all-reduce between two pods over sockets and over rxe. Where the kernel
+# has no rdma_rxe it says why and passes. See docs/rdma-check.md.
+rdma-check:
+	@if [ "$$(id -u)" != 0 ]; then echo "make rdma-check needs root: it loads rdma_rxe, makes veth links, rxe devices and network namespaces, and may switch the RDMA netns mode (sudo make rdma-check)"; exit 2; fi
+	$(GO) run ./test/rdmacheck
 
 # Every Fuzz... target in the repo, FUZZTIME each (test/fuzz/run.sh says
 # how a failure is told from go1.26's fuzztime-deadline race).
