@@ -18,9 +18,9 @@ import (
 
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/floor"
-	"github.com/fastpath-k8s/fastpath/internal/floor/fromnic"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
 
 const benchPFs, benchVFsPerPF = 8, 128

@@ -11,8 +11,8 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/floor"
-	"github.com/fastpath-k8s/fastpath/internal/floor/fromnic"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
 
 // discoverHosts are the generated scale hosts: PFs x VFs per PF.

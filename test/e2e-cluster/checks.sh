@@ -136,6 +136,20 @@ EOF
 
 # ------------------------------------------------------------ pods
 
+# check_vf_in_pod POD PID VF RANGE checks that VF's stand-in is in the
+# netns of PID as net<N>, found by its MAC, with a whereabouts address in
+# RANGE; it sets VF_IFNAME and VF_ADDR (address/prefix).
+check_vf_in_pod() {
+	local pod=$1 pid=$2 vf=$3 range=$4 mac
+	mac=$(mac_of "$vf")
+	VF_IFNAME=$(in_pod "$pid" ip -br link 2>/dev/null | awk -v m="$mac" '$3 == m { sub(/@.*/, "", $1); print $1 }')
+	check "$pod: $vf's stand-in $(standin_of "$vf") is in the pod as net<N> by MAC $mac (got '$VF_IFNAME')" \
+		matches "$VF_IFNAME" '^net[0-9]+$'
+	VF_ADDR=$(in_pod "$pid" ip -4 -br addr show "$VF_IFNAME" 2>/dev/null | awk '{ print $3 }')
+	local prefix=${range%.*}
+	check "$pod: $VF_IFNAME has a whereabouts address in $range ($VF_ADDR)" matches "$VF_ADDR" "^${prefix//./\\.}\\.[0-9]+/"
+}
+
 # check_pod NS POD CONTAINER NAD RANGE checks what a pod got for its VFs:
 # the scheduler placed it, each VF's stand-in is a net<i> of the pod (by
 # MAC) with a whereabouts address in RANGE, network-status names it with
@@ -148,17 +162,12 @@ check_pod() {
 		"$(kubectl -n "$ns" get events --field-selector "involvedObject.name=$pod,reason=Scheduled" -o json | jq -r '[.items[] | .reportingComponent // .source.component] | unique | join(",")')"
 	mapfile -t POD_VFS < <(pod_vfs "$ns/$pod")
 	POD_PID=$(task_pid "$ns" "$pod" "$ctr_name")
-	local status vf i=0 want_devs="" got_devs addr prefix=${range%.*}
+	local status vf i=0 want_devs="" got_devs
 	status=$(kubectl -n "$ns" get pod "$pod" -o json | jq -r '.metadata.annotations["k8s.v1.cni.cncf.io/network-status"] // "[]"')
 	for vf in "${POD_VFS[@]}"; do
 		i=$((i + 1))
-		local ifname mac
-		mac=$(mac_of "$vf")
-		ifname=$(in_pod "$POD_PID" ip -br link 2>/dev/null | awk -v m="$mac" '$3 == m { sub(/@.*/, "", $1); print $1 }')
-		check "$pod: $vf's stand-in $(standin_of "$vf") is in the pod as net<N> by MAC $mac (got '$ifname')" \
-			matches "$ifname" '^net[0-9]+$'
-		addr=$(in_pod "$POD_PID" ip -4 -br addr show "$ifname" 2>/dev/null | awk '{ print $3 }')
-		check "$pod: $ifname has a whereabouts address in $range ($addr)" matches "$addr" "^${prefix//./\\.}\\.[0-9]+/"
+		check_vf_in_pod "$pod" "$POD_PID" "$vf" "$range"
+		local ifname=$VF_IFNAME addr=$VF_ADDR
 		check "$pod: network-status has $ns/$nad on $ifname with device-info pci-address $vf" \
 			jq_true --arg i "$ifname" --arg n "$ns/$nad" --arg a "$vf" --arg ip "${addr%/*}" \
 			'any(.[]; .interface == $i and .name == $n and .["device-info"].type == "pci" and .["device-info"].pci["pci-address"] == $a and (.ips | index($ip)))' <<<"$status"
@@ -205,14 +214,23 @@ EOF
 	expect "whereabouts IPPool $SEED_RANGE holds the pod" "default/$SEED_POD" "$(ippool_pods "$SEED_RANGE" | xargs)"
 }
 
-# test_examples applies deployments/examples/ with the image replaced and
-# with what this 2-core node has no room for taken out: nvidia.com/gpu (no
-# GPUs, no GPU device plugin here) and the CPU and memory requests.
-test_examples() {
-	mkdir -p "$RUN/examples/files"
-	cp "$REPO"/deployments/examples/*.yaml "$RUN/examples/files/"
-	local f pods=() p
-	for f in "$RUN"/examples/files/*.yaml; do pods+=("files/$(basename "$f")"); done
+# workload_overlay [--no-gpu] DIR FILES...: an overlay in DIR of copies of
+# FILES with the image replaced and every Pod's CPU and memory requests cut
+# to what this 2-core node has room for; --no-gpu also takes out
+# nvidia.com/gpu (no GPUs, no GPU device plugin here).
+workload_overlay() {
+	local gpu=keep
+	if [[ $1 == --no-gpu ]]; then
+		gpu=remove
+		shift
+	fi
+	local dir=$1 f p files=()
+	shift
+	mkdir -p "$dir/files"
+	for f in "$@"; do
+		cp "$f" "$dir/files/"
+		files+=("files/$(basename "$f")")
+	done
 	{
 		cat <<EOF
 namespace: default
@@ -222,18 +240,27 @@ images:
     newTag: "${WORKLOAD_IMAGE##*:}"
 patches:
 EOF
-		for p in "$EXAMPLE_POD" "$EXAMPLE8_POD"; do
+		for p in $(awk '/^kind: Pod$/ { pod = 1 } pod && /^  name: / { print $2; pod = 0 }' "$@"); do
 			cat <<EOF
   - target: {kind: Pod, name: $p}
     patch: |-
+EOF
+			[[ $gpu == keep ]] || cat <<EOF
       - {op: remove, path: /spec/containers/0/resources/requests/nvidia.com~1gpu}
       - {op: remove, path: /spec/containers/0/resources/limits/nvidia.com~1gpu}
+EOF
+			cat <<EOF
       - {op: replace, path: /spec/containers/0/resources/requests/cpu, value: 100m}
       - {op: replace, path: /spec/containers/0/resources/requests/memory, value: 256Mi}
       - {op: replace, path: /spec/containers/0/resources/limits/memory, value: 256Mi}
 EOF
 		done
-	} | write_overlay "$RUN/examples" "${pods[@]}"
+	} | write_overlay "$dir" "${files[@]}"
+}
+
+# test_examples applies deployments/examples/ through workload_overlay.
+test_examples() {
+	workload_overlay --no-gpu "$RUN/examples" "$REPO"/deployments/examples/*.yaml
 	check "kubectl apply -k of deployments/examples/" kubectl apply -k "$RUN/examples"
 	require "pod $EXAMPLE_POD Running" 180 pod_running default "$EXAMPLE_POD"
 	require "pod $EXAMPLE8_POD Running" 180 pod_running default "$EXAMPLE8_POD"
@@ -289,6 +316,17 @@ pods_state() {
 # same_pods FILE succeeds when pods_state is what FILE holds.
 same_pods() { [[ $(pods_state) == "$(<"$1")" ]]; }
 
+# check_pods_kept EVENT BEFORE checks that the running pods keep their
+# containers and VFs across EVENT: pods_state is BEFORE again (waited for,
+# bounded), and a difference is named.
+check_pods_kept() {
+	local file=$RUN/pods-before-${1// /-}
+	echo "$2" >"$file"
+	check "running pods keep their containers and VFs across the $1" \
+		wait_for 30 "same pods, PIDs and VFs" same_pods "$file"
+	same_pods "$file" || same "pods across the $1 (+ now, - before)" "$file" pods_state
+}
+
 # test_plugin_restart kills the plugin's container: the kubelet restarts
 # it, it registers again, and the running pods keep their VFs.
 test_plugin_restart() {
@@ -302,10 +340,7 @@ test_plugin_restart() {
 	# A new process: its counter starts at 0.
 	check "restarted plugin registered with the kubelet" wait_for 30 "registered" registrations_above 0
 	check "allocatable $RESOURCE = $WANT_VFS after the plugin restart" wait_for 30 "allocatable" allocatable_is "$RESOURCE" "$WANT_VFS"
-	echo "$before" >"$RUN/pods-before-plugin-restart"
-	check "running pods keep their containers and VFs across the plugin restart" \
-		wait_for 30 "same pods, PIDs and VFs" same_pods "$RUN/pods-before-plugin-restart"
-	same_pods "$RUN/pods-before-plugin-restart" || same "pods across the plugin restart (+ now, - before)" "$RUN/pods-before-plugin-restart" pods_state
+	check_pods_kept "plugin restart" "$before"
 }
 
 # test_kubelet_restart restarts the kubelet: the plugin sees the new
@@ -318,10 +353,7 @@ test_kubelet_restart() {
 	start_kubelet " (after restart)"
 	check "device plugin registered again after the kubelet restart" wait_for 60 "registered again" registrations_above "$regs"
 	check "allocatable $RESOURCE = $WANT_VFS after the kubelet restart" wait_for 60 "allocatable" allocatable_is "$RESOURCE" "$WANT_VFS"
-	echo "$before" >"$RUN/pods-before-kubelet-restart"
-	check "running pods keep their containers and VFs across the kubelet restart" \
-		wait_for 30 "same pods, PIDs and VFs" same_pods "$RUN/pods-before-kubelet-restart"
-	same_pods "$RUN/pods-before-kubelet-restart" || same "pods across the kubelet restart (+ now, - before)" "$RUN/pods-before-kubelet-restart" pods_state
+	check_pods_kept "kubelet restart" "$before"
 }
 
 # ------------------------------------------------------------ clean-up

@@ -94,18 +94,9 @@ plugin_log_has() { plugin_log | grep -qF "$1"; }
 no_dra_pods() { [[ -z $(kubectl -n default get pods -o name) ]]; }
 
 # dra_require is require that, when the wait fails, first writes the DRA
-# objects' state, the events and the plugin's log to $RUN/logs/dra-state.log.
-dra_require() {
-	local what=$1 timeout=$2
-	shift 2
-	if ! wait_for "$timeout" "$what" "$@"; then
-		dra_dump
-		fail "$what (within ${timeout}s; state in $RUN/logs/dra-state.log)"
-		show_logs
-		exit 1
-	fi
-	pass "$what"
-}
+# objects' state, the events and the plugin's log to $RUN/logs/dra-state.log
+# (dra_dump).
+dra_require() { REQUIRE_DUMP=dra_dump require "$@"; }
 dra_dump() {
 	{
 		kubectl get resourceslices -o wide
@@ -114,6 +105,7 @@ dra_dump() {
 		kubectl get events -A --sort-by=.lastTimestamp | tail -n 30
 		kubectl get pods,resourceclaims -A -o wide
 	} >"$RUN/logs/dra-state.log" 2>&1
+	echo "state in $RUN/logs/dra-state.log"
 }
 
 # check_aligned WHAT GPU VFDEV: the GPU and the VF a claim got are
@@ -150,49 +142,12 @@ dra_check_pod() {
 	expect "$pod: NCCL_IB_HCA names its VF's RDMA device (CDI)" "=$rdma:1" "$(pod_env "$pid" NCCL_IB_HCA)"
 	expect "$pod: UCX_NET_DEVICES (CDI)" "$rdma:1" "$(pod_env "$pid" UCX_NET_DEVICES)"
 	[[ -n $nad ]] || return 0
-	local mac ifname addr status prefix=${range%.*}
-	mac=$(mac_of "$vf")
-	ifname=$(in_pod "$pid" ip -br link 2>/dev/null | awk -v m="$mac" '$3 == m { sub(/@.*/, "", $1); print $1 }')
-	check "$pod: $vf's stand-in $(standin_of "$vf") is in the pod as net<N> by MAC $mac (got '$ifname')" \
-		matches "$ifname" '^net[0-9]+$'
-	addr=$(in_pod "$pid" ip -4 -br addr show "$ifname" 2>/dev/null | awk '{ print $3 }')
-	check "$pod: $ifname has a whereabouts address in $range ($addr)" matches "$addr" "^${prefix//./\\.}\\.[0-9]+/"
+	check_vf_in_pod "$pod" "$pid" "$vf" "$range"
+	local ifname=$VF_IFNAME status
 	status=$(kubectl -n "$ns" get pod "$pod" -o json | jq -r '.metadata.annotations["k8s.v1.cni.cncf.io/network-status"] // "[]"')
 	check "$pod: network-status has $ns/$nad on $ifname with device-info pci-address $vf" \
 		jq_true --arg i "$ifname" --arg n "$ns/$nad" --arg a "$vf" \
 		'any(.[]; .interface == $i and .name == $n and .["device-info"].pci["pci-address"] == $a)' <<<"$status"
-}
-
-# dra_workload DIR FILES...: an overlay of example files with the image
-# replaced and the CPU and memory requests cut to what this node has.
-dra_workload() {
-	local dir=$1 f p
-	shift
-	mkdir -p "$dir/files"
-	local files=()
-	for f in "$@"; do
-		cp "$f" "$dir/files/"
-		files+=("files/$(basename "$f")")
-	done
-	{
-		cat <<EOF
-namespace: default
-images:
-  - name: nvcr.io/nvidia/pytorch
-    newName: ${WORKLOAD_IMAGE%:*}
-    newTag: "${WORKLOAD_IMAGE##*:}"
-patches:
-EOF
-		for p in $(awk '/^kind: Pod$/ { pod = 1 } pod && /^  name: / { print $2; pod = 0 }' "$@"); do
-			cat <<EOF
-  - target: {kind: Pod, name: $p}
-    patch: |-
-      - {op: replace, path: /spec/containers/0/resources/requests/cpu, value: 100m}
-      - {op: replace, path: /spec/containers/0/resources/requests/memory, value: 256Mi}
-      - {op: replace, path: /spec/containers/0/resources/limits/memory, value: 256Mi}
-EOF
-		done
-	} | write_overlay "$dir" "${files[@]}"
 }
 
 # ------------------------------------------------------------ the phase
@@ -286,7 +241,7 @@ EOF
 # matchAttribute pcieRoot) and its pod. The scheduler allocates; the pod
 # gets the VF's char devices and env, and the GPU's, through CDI.
 dra_template_pod() {
-	dra_workload "$RUN/dra-template" "$DRA_EXAMPLES/gpu-vf-template.yaml"
+	workload_overlay "$RUN/dra-template" "$DRA_EXAMPLES/gpu-vf-template.yaml"
 	check "kubectl apply -k of the GPU+VF claim template and its pod" kubectl apply -k "$RUN/dra-template"
 	dra_require "pod $TEMPLATE_POD Running" 180 pod_running default "$TEMPLATE_POD"
 	local claim gpu vfdev vf pid
@@ -311,7 +266,7 @@ dra_template_pod() {
 # finds the VF's PCI address in the claim's CDI names and hands it to the
 # sriov CNI, unchanged, as deviceID.
 dra_multus_pod() {
-	dra_workload "$RUN/dra-multus" "$DRA_EXAMPLES/gpu-vf-multus.yaml"
+	workload_overlay "$RUN/dra-multus" "$DRA_EXAMPLES/gpu-vf-multus.yaml"
 	check "kubectl apply -k of the GPU+VF claim, its NAD and pod" kubectl apply -k "$RUN/dra-multus"
 	dra_require "pod $MULTUS_POD Running" 180 pod_running default "$MULTUS_POD"
 	local gpu vfdev vf

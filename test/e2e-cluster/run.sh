@@ -80,12 +80,7 @@ preflight() {
 # snapshot_host records what the test may change, so that cleanup puts back
 # exactly that and the last check tells whether it did.
 snapshot_host() {
-	mkdir -p "$RUN/before"
-	host_links >"$RUN/before/links"
-	host_netns >"$RUN/before/netns"
-	host_cgroups >"$RUN/before/cgroups"
-	host_paths >"$RUN/before/paths"
-	host_sysctls >"$RUN/before/sysctls"
+	snapshot_common
 	iptables_rules >"$RUN/before/iptables"
 	cni_cache >"$RUN/before/cni-cache"
 	sysctl_get net.ipv4.ip_forward >"$RUN/before/ip_forward"
@@ -116,29 +111,11 @@ cdi_specs() {
 	done | sort
 }
 
-sysctl_get() { cat "/proc/sys/${1//.//}"; }
-sysctl_set() { echo "$2" >"/proc/sys/${1//.//}"; }
 host_links() {
 	ip -o link show | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' |
 		{ grep -E "^(ibp[0-9]+s[0-9]+(v[0-9]+)?|sp[0-9]+s[0-9]+(v[0-9]+)?|$POD_BRIDGE|veth.*)\$" || true; } | sort
 }
-host_netns() { ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ { print $1 }' | sort; }
 host_mounts() { awk -v w="$WORK/" -v k="$K" 'index($5, w) == 1 || $5 == k || index($5, k "/") == 1 { print $5 }' /proc/self/mountinfo | sort; }
-host_paths() {
-	local p
-	for p in "${HOST_PATHS[@]}"; do [[ -e $p ]] && echo "$p"; done
-	return 0
-}
-host_cgroups() {
-	local d
-	for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-		[[ -d $d ]] && find "$d" -mindepth 1 -maxdepth 1 -type d 2>/dev/null
-	done | sort
-}
-host_sysctls() {
-	local s
-	for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl_get "$s")"; done
-}
 # cni_cache lists libcni's result cache, where containerd keeps each
 # attachment until its DEL succeeds.
 cni_cache() { find /var/lib/cni/results -mindepth 1 2>/dev/null | sort; }
@@ -214,37 +191,9 @@ cleanup() {
 	fi
 	local p
 	for p in gpu-standin kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
-	local rroot=$C/runc/k8s.io id
-	if [[ -d $rroot ]]; then
-		for id in $(runc --root "$rroot" list -q 2>/dev/null); do
-			runc --root "$rroot" kill "$id" KILL 2>/dev/null
-			runc --root "$rroot" delete --force "$id" 2>/dev/null
-		done
-	fi
-	stop containerd
-	for p in /proc/[0-9]*; do
-		if [[ $(readlink "$p/exe" 2>/dev/null) == "$WORK/bin/containerd-shim-runc-v2" ]]; then
-			kill -KILL "${p#/proc/}" 2>/dev/null && log "killed leftover shim ${p#/proc/}"
-		fi
-	done
-	rm -rf "$RUN/pids"
-	# Mounts under $WORK and the kubelet's root (volumes, rootfs), deepest first.
-	local m
-	for m in $(host_mounts | sort -r); do
-		umount "$m" 2>/dev/null || umount -l "$m"
-	done
-	local before=$RUN/before
-	if [[ -f $before/netns ]]; then
-		for m in $(comm -13 "$before/netns" <(host_netns)); do
-			ip netns delete "$m" && log "deleted leftover netns $m"
-		done
-	fi
-	local name peer
-	if [[ -f $RUN/standins ]]; then
-		while read -r name peer; do
-			ip link del "$name" 2>/dev/null || ip link del "$peer" 2>/dev/null
-		done <"$RUN/standins"
-	fi
+	stop_containers
+	remove_mounts_netns_standins host_mounts
+	local before=$RUN/before name
 	if [[ -f $RUN/pf-standins ]]; then
 		while read -r name; do ip link del "$name" 2>/dev/null; done <"$RUN/pf-standins"
 	fi
@@ -261,27 +210,7 @@ cleanup() {
 			rm -f "$p" && log "removed leftover CDI spec $p"
 		done
 	fi
-	if [[ -f $before/paths ]]; then
-		for p in "${HOST_PATHS[@]}"; do
-			grep -qxF "$p" "$before/paths" && continue
-			if [[ $p == /run/netns ]]; then
-				[[ -z $(ls -A /run/netns 2>/dev/null) ]] || continue
-				mountpoint -q /run/netns && umount /run/netns
-			fi
-			rm -rf "$p"
-		done
-	fi
-	if [[ -f $before/cgroups ]]; then
-		for m in $(comm -13 "$before/cgroups" <(host_cgroups)); do
-			find "$m" -depth -type d -exec rmdir {} + 2>/dev/null
-		done
-	fi
-	if [[ -f $before/sysctls ]]; then
-		local kv
-		while read -r kv; do
-			[[ $(sysctl_get "${kv%%=*}") == "${kv#*=}" ]] || sysctl_set "${kv%%=*}" "${kv#*=}"
-		done <"$before/sysctls"
-	fi
+	restore_host_paths_and_kernel
 	rm -rf "$C/root" "$C/state" "$C/runc" "$HOST" "$RUN/etcd"
 	set -e
 }

@@ -141,14 +141,17 @@ expect() {
 
 # require DESCRIPTION TIMEOUT CMD... waits for CMD; when it never succeeds
 # the run stops here (later steps depend on it), with the logs' tails.
+# REQUIRE_DUMP, when set (REQUIRE_DUMP=fn require ...), names a function
+# that writes more state first and prints where it put it.
 require() {
-	local what=$1 timeout=$2
+	local what=$1 timeout=$2 note=
 	shift 2
 	if wait_for "$timeout" "$what" "$@"; then
 		pass "$what"
 		return 0
 	fi
-	fail "$what (within ${timeout}s)"
+	[[ -z ${REQUIRE_DUMP:-} ]] || note="; $("$REQUIRE_DUMP")"
+	fail "$what (within ${timeout}s$note)"
 	show_logs
 	exit 1
 }
@@ -314,4 +317,115 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
+}
+
+# ---------------------------------------------------------------- clean-up
+# Both tests' cleanup stops the node and puts the host back the same way;
+# each adds what only it started or changed.
+
+# What both tests record before they start (snapshot_host) and put back:
+# pod netns (cni-*), HOST_PATHS, cgroups, the KUBELET_SYSCTLS.
+# sysctl_get/sysctl_set go through /proc/sys: procps is not on every machine.
+sysctl_get() { cat "/proc/sys/${1//.//}"; }
+sysctl_set() { echo "$2" >"/proc/sys/${1//.//}"; }
+host_netns() { ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ { print $1 }' | sort; }
+host_paths() {
+	local p
+	for p in "${HOST_PATHS[@]}"; do [[ -e $p ]] && echo "$p"; done
+	return 0
+}
+host_cgroups() {
+	local d
+	for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+		[[ -d $d ]] && find "$d" -mindepth 1 -maxdepth 1 -type d 2>/dev/null
+	done | sort
+}
+host_sysctls() {
+	local s
+	for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl_get "$s")"; done
+}
+
+# snapshot_common records in $RUN/before what both tests put back: their
+# links (host_links, each test's own), pod netns, cgroups, HOST_PATHS and
+# the sysctls.
+snapshot_common() {
+	mkdir -p "$RUN/before"
+	host_links >"$RUN/before/links"
+	host_netns >"$RUN/before/netns"
+	host_cgroups >"$RUN/before/cgroups"
+	host_paths >"$RUN/before/paths"
+	host_sysctls >"$RUN/before/sysctls"
+}
+
+# stop_containers stops containerd and what it ran: the containers the
+# kubelet left, killed through runc (containerd keeps runc's state under
+# the Root we gave it, per namespace), containerd itself, and the shims,
+# which outlive containerd by design (ours run
+# $WORK/bin/containerd-shim-runc-v2). The kubelet is stopped before.
+stop_containers() {
+	local rroot=$C/runc/k8s.io id p
+	if [[ -d $rroot ]]; then
+		for id in $(runc --root "$rroot" list -q 2>/dev/null); do
+			runc --root "$rroot" kill "$id" KILL 2>/dev/null
+			runc --root "$rroot" delete --force "$id" 2>/dev/null
+		done
+	fi
+	stop containerd
+	for p in /proc/[0-9]*; do
+		if [[ $(readlink "$p/exe" 2>/dev/null) == "$WORK/bin/containerd-shim-runc-v2" ]]; then
+			kill -KILL "${p#/proc/}" 2>/dev/null && log "killed leftover shim ${p#/proc/}"
+		fi
+	done
+	rm -rf "$RUN/pids"
+}
+
+# remove_mounts_netns_standins MOUNTS_CMD unmounts what MOUNTS_CMD lists
+# (overlay rootfs, sandbox shm, volumes), deepest first, deletes the pod
+# netns containerd made during the run ($RUN/before/netns has the others)
+# and the stand-in veths ($RUN/standins).
+remove_mounts_netns_standins() {
+	local m name peer
+	for m in $("$1" | sort -r); do
+		umount "$m" 2>/dev/null || umount -l "$m"
+	done
+	if [[ -f $RUN/before/netns ]]; then
+		for m in $(comm -13 "$RUN/before/netns" <(host_netns)); do
+			ip netns delete "$m" && log "deleted leftover netns $m"
+		done
+	fi
+	if [[ -f $RUN/standins ]]; then
+		while read -r name peer; do
+			ip link del "$name" 2>/dev/null || ip link del "$peer" 2>/dev/null
+		done <"$RUN/standins"
+	fi
+	return 0
+}
+
+# restore_host_paths_and_kernel removes the paths of HOST_PATHS that were
+# not there before ($RUN/before/paths) and the cgroups the run made, and
+# puts back the sysctls the kubelet set.
+restore_host_paths_and_kernel() {
+	local before=$RUN/before p m kv
+	if [[ -f $before/paths ]]; then
+		for p in "${HOST_PATHS[@]}"; do
+			grep -qxF "$p" "$before/paths" && continue
+			if [[ $p == /run/netns ]]; then
+				# `ip netns` turns /run/netns into a bind mount of itself.
+				[[ -z $(ls -A /run/netns 2>/dev/null) ]] || continue
+				mountpoint -q /run/netns && umount /run/netns
+			fi
+			rm -rf "$p"
+		done
+	fi
+	if [[ -f $before/cgroups ]]; then
+		for m in $(comm -13 "$before/cgroups" <(host_cgroups)); do
+			find "$m" -depth -type d -exec rmdir {} + 2>/dev/null
+		done
+	fi
+	if [[ -f $before/sysctls ]]; then
+		while read -r kv; do
+			[[ $(sysctl_get "${kv%%=*}") == "${kv#*=}" ]] || sysctl_set "${kv%%=*}" "${kv#*=}"
+		done <"$before/sysctls"
+	fi
+	return 0
 }

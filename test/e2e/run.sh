@@ -83,18 +83,9 @@ preflight() {
 # snapshot_host records what the test may change, so that cleanup puts back
 # exactly that and the last check can tell whether it did.
 snapshot_host() {
-	mkdir -p "$RUN/before"
-	host_links >"$RUN/before/links"
-	host_netns >"$RUN/before/netns"
-	host_cgroups >"$RUN/before/cgroups"
-	host_paths >"$RUN/before/paths"
-	host_sysctls >"$RUN/before/sysctls"
+	snapshot_common
 	if mountpoint -q /run/netns; then echo yes; else echo no; fi >"$RUN/before/netns-mounted"
 }
-
-# sysctl_get/sysctl_set go through /proc/sys: procps is not on every machine.
-sysctl_get() { cat "/proc/sys/${1//.//}"; }
-sysctl_set() { echo "$2" >"/proc/sys/${1//.//}"; }
 
 # host_links and host_netns list what the run may create: the stand-ins and
 # their peers, the fallback bridge, pod netns. Other links and netns come and
@@ -103,19 +94,7 @@ host_links() {
 	ip -o link show | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' |
 		{ grep -E "^(ibp[0-9]+s[0-9]+v[0-9]+|sp[0-9]+s[0-9]+v[0-9]+|$FALLBACK_BRIDGE)\$" || true; } | sort
 }
-host_netns() { ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ { print $1 }' | sort; }
 host_mounts_in_work() { awk -v w="$WORK/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort; }
-host_paths() {
-	local p
-	for p in "${HOST_PATHS[@]}"; do [[ -e $p ]] && echo "$p"; done
-	return 0
-}
-host_cgroups() {
-	local d
-	for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-		[[ -d $d ]] && find "$d" -mindepth 1 -maxdepth 1 -type d 2>/dev/null
-	done | sort
-}
 
 # ------------------------------------------------------------------- setup
 
@@ -415,71 +394,16 @@ cleanup() {
 	fi
 	stop rdma-device-plugin
 	stop kubelet
-	# 2. Containers the kubelet left: kill them through runc (containerd keeps
-	# runc's state under the Root we gave it, per namespace).
-	local rroot=$C/runc/k8s.io id
-	if [[ -d $rroot ]]; then
-		for id in $(runc --root "$rroot" list -q 2>/dev/null); do
-			runc --root "$rroot" kill "$id" KILL 2>/dev/null
-			runc --root "$rroot" delete --force "$id" 2>/dev/null
-		done
-	fi
-	stop containerd
-	# Shims outlive containerd by design; ours run $WORK/bin/containerd-shim-runc-v2.
-	local p
-	for p in /proc/[0-9]*; do
-		if [[ $(readlink "$p/exe" 2>/dev/null) == "$WORK/bin/containerd-shim-runc-v2" ]]; then
-			kill -KILL "${p#/proc/}" 2>/dev/null && log "killed leftover shim ${p#/proc/}"
-		fi
-	done
-	rm -rf "$RUN/pids"
-
-	# 3. Mounts under $WORK (overlay rootfs, sandbox shm), deepest first.
-	local m
-	for m in $(host_mounts_in_work | sort -r); do
-		umount "$m" 2>/dev/null || umount -l "$m"
-	done
-	# 4. Network: pod netns made by containerd during this run, stand-ins, bridge.
-	local before=$RUN/before
-	if [[ -f $before/netns ]]; then
-		for m in $(comm -13 "$before/netns" <(host_netns)); do
-			ip netns delete "$m" && log "deleted leftover netns $m"
-		done
-	fi
-	if [[ -f $RUN/standins ]]; then
-		local name peer
-		while read -r name peer; do
-			ip link del "$name" 2>/dev/null || ip link del "$peer" 2>/dev/null
-		done <"$RUN/standins"
-	fi
+	# 2. Containers, then mounts under $WORK, pod netns and stand-ins (lib.sh).
+	stop_containers
+	remove_mounts_netns_standins host_mounts_in_work
+	# 3. The bridge, and what the kubelet and containerd made outside $WORK.
 	ip link del "$FALLBACK_BRIDGE" 2>/dev/null
-	# 5. What the kubelet and containerd made outside $WORK.
 	find /var/log/containers -maxdepth 1 -lname "$WORK/*" -delete 2>/dev/null
-	if [[ -f $before/paths ]]; then
-		for p in "${HOST_PATHS[@]}"; do
-			grep -qxF "$p" "$before/paths" && continue
-			if [[ $p == /run/netns ]]; then
-				# `ip netns` turns /run/netns into a bind mount of itself.
-				[[ -z $(ls -A /run/netns 2>/dev/null) ]] || continue
-				mountpoint -q /run/netns && umount /run/netns
-			fi
-			rm -rf "$p"
-		done
-	fi
+	restore_host_paths_and_kernel
 	# preflight made sure a device-plugins dir that was there was empty.
 	[[ -d $DP_DIR ]] && find "$DP_DIR" -mindepth 1 -delete
-	if [[ -f $before/cgroups ]]; then
-		for m in $(comm -13 "$before/cgroups" <(host_cgroups)); do
-			find "$m" -depth -type d -exec rmdir {} + 2>/dev/null
-		done
-	fi
-	if [[ -f $before/sysctls ]]; then
-		local kv
-		while read -r kv; do
-			[[ $(sysctl_get "${kv%%=*}") == "${kv#*=}" ]] || sysctl_set "${kv%%=*}" "${kv#*=}"
-		done <"$before/sysctls"
-	fi
-	# 6. Large or special files of the run; logs stay for a look.
+	# 4. Large or special files of the run; logs stay for a look.
 	rm -rf "$C/root" "$C/state" "$C/runc" "$HOST"
 	set -e
 }
@@ -497,11 +421,6 @@ check_restored() {
 	same "cgroups (kubepods) as before" "$before/cgroups" host_cgroups
 	same "${HOST_PATHS[*]}: as before" "$before/paths" host_paths
 	same "sysctls the kubelet sets are back" "$before/sysctls" host_sysctls
-}
-
-host_sysctls() {
-	local s
-	for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl_get "$s")"; done
 }
 
 # What the PASS/FAIL table is headed with (summary, in lib.sh).

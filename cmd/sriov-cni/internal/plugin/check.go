@@ -144,9 +144,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 }
 
 // GC tears down every attachment of this network that is not in
-// cni.dev/valid-attachments — state, lock, VF and address — tries again
-// the pending address releases of those not in it, then lets the IPAM
-// plugin collect its own leftovers.
+// cni.dev/valid-attachments — state, lock, VF and address — and those
+// upstream sriov-cni's caches describe (gcUpstream), tries again the
+// pending address releases of those not in it, then lets the IPAM plugin
+// collect its own leftovers.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
 	ctx := context.Background()
 	c, err := parseConf(args.StdinData)
@@ -184,6 +185,10 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			continue
 		}
 		log.Info("collected stale attachment", "vf", vf, "container", shortID(st.ContainerID), "ifname", st.IfName)
+	}
+	// Upstream sriov-cni's attachments of pods lost without a DEL.
+	if err := p.gcUpstream(ctx, log, c, store, args, valid); err != nil {
+		errs = append(errs, err)
 	}
 	// Addresses whose release failed once their VF was freed.
 	pending, err := store.ListPending()

@@ -11,10 +11,11 @@
 // twice.
 //
 // The flow is split by lifecycle: plan.go decides (pure, no I/O), add.go
-// reads the node and applies, teardown.go undoes, reclaim.go frees for ADD
-// a VF whose pod is gone without a DEL, ipam.go runs the IPAM plugin,
-// check.go serves CHECK, STATUS and GC, upstream.go undoes on DEL an
-// attachment upstream sriov-cni made before the swap.
+// reads the node and applies, teardown.go undoes (netdev.go brings the
+// netdev home), reclaim.go frees for ADD a VF whose pod is gone without a
+// DEL, ipam.go runs the IPAM plugin, check.go serves CHECK, STATUS and GC,
+// upstream.go translates an attachment upstream sriov-cni made before the
+// swap into a State, for teardown on DEL and GC.
 package plugin
 
 import (

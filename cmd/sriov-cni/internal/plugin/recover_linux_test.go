@@ -168,3 +168,26 @@ func TestHostNetnsRefusedWithNetdev(t *testing.T) {
 	require.Empty(t, e.pf.Calls())
 	e.requireRestored(orig, "0000:3b:01.3")
 }
+
+// The VF's host name was taken on the host while it was in the pod: DEL
+// brings it home under the name it had in the pod, with a warning naming
+// both, rather than failing until it gives up with the VF in the pod.
+func TestDelHostNameTakenMeanwhile(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f1v2")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:01.4"`)
+	_, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	e.standIn("ens1f1v2") // another link takes the name meanwhile
+
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	l, err := netlink.LinkByIndex(orig.Attrs().Index)
+	require.NoError(t, err, "VF netdev on the host")
+	require.Equal(t, "net1", l.Attrs().Name)
+	require.Equal(t, orig.Attrs().HardwareAddr.String(), l.Attrs().HardwareAddr.String())
+	require.Empty(t, ls(t, e.stateDir), "state, lock and pinned netns gone")
+	log := e.log.String()
+	require.Contains(t, log, "original name is taken")
+	require.Contains(t, log, "hostName=ens1f1v2")
+}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -277,7 +276,12 @@ func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, s
 		}
 	}
 	p.point("teardown:vf")
-	if len(st.VFApplied) > 0 && st.VFOrig != nil {
+	switch {
+	case len(st.VFApplied) == 0 || st.VFOrig == nil:
+	case st.PFNetdev == "":
+		// Only a translated upstream cache (upstreamState) gets here.
+		errs = append(errs, errors.New("VF settings: PF netdev unknown (not in sysfs, and the cache names no Master and VFID)"))
+	default:
 		if err := sriov.RestoreAll(p.NewPFLink(host.Handle()), st.PFNetdev, st.VFIndex, st.VFApplied, st.VFOrig); err != nil {
 			errs = append(errs, fmt.Errorf("VF settings on PF %s: %w", st.PFNetdev, err))
 		}
@@ -317,151 +321,6 @@ func removeDeviceInfo(log *slog.Logger, path, vf string) error {
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove device-info file: %w", err)
-	}
-	return nil
-}
-
-// restoreLink brings the VF netdev back to the host under its original
-// name, MAC, MTU and alias, from wherever it is (findNetdev), and releases
-// the pinned temporary netns.
-func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, pod *netns.NS) error {
-	viaPath := store.netnsPath(st.PCIAddress)
-	var via *netns.NS
-	if n, err := netns.Open(viaPath); err == nil {
-		via = n
-	}
-	defer func() {
-		if via != nil {
-			via.Close()
-		}
-	}()
-	where, name := p.findNetdev(st, host, pod, via)
-	switch {
-	case where == nil:
-		log.Warn("VF netdev not found in the pod, the temporary or the host netns; was the VF removed?", "netdev", st.HostName)
-	case where == host:
-		if err := restoreInHost(st, host, name); err != nil {
-			return err
-		}
-	default:
-		if via == nil {
-			n, err := pinForReturn(log, viaPath)
-			if err != nil {
-				return err
-			}
-			via = n
-		}
-		alias := st.HostAlias
-		cfg := netns.LinkConfig{Name: st.HostName, MTU: st.HostMTU, Alias: &alias}
-		if st.PodMAC != "" {
-			cfg.MAC, _ = net.ParseMAC(st.HostMAC)
-		}
-		if _, err := netns.MoveVia(name, where, via, host, cfg); err != nil {
-			return fmt.Errorf("return %s to the host as %s: %w", name, st.HostName, err)
-		}
-	}
-	if err := unpinIfEmpty(viaPath); err != nil {
-		return err
-	}
-	if where == nil || !st.HostUp {
-		return nil
-	}
-	l, err := host.Handle().LinkByName(st.HostName)
-	if err == nil {
-		err = host.Handle().LinkSetUp(l)
-	}
-	if err != nil {
-		return fmt.Errorf("set %s up: %w", st.HostName, err)
-	}
-	return nil
-}
-
-// findNetdev finds the VF's netdev wherever a finished, failed or killed
-// ADD or DEL may have left it, the most specific place first:
-//   - the pinned temporary netns, which never holds anything else;
-//   - the pod netns, under CNI_IFNAME or any name, carrying the alias ADD
-//     set (the VF's host name);
-//   - the host netns: under a name sysfs lists for the VF (the kernel
-//     returns a VF from a destroyed netns under whatever name it had
-//     there), under CNI_IFNAME or any name with that alias, or under its
-//     original name.
-func (p *Plugin) findNetdev(st *State, host, pod, via *netns.NS) (*netns.NS, string) {
-	if via != nil {
-		if names, err := via.Links(); err == nil && len(names) > 0 {
-			return via, names[0]
-		}
-	}
-	if st.HostName == "" {
-		return nil, ""
-	}
-	if pod != nil {
-		if name := withAlias(pod, st.IfName, st.HostName); name != "" {
-			return pod, name
-		}
-	}
-	h := host.Handle()
-	ents, _ := os.ReadDir(filepath.Join(p.HostRoot, "sys/bus/pci/devices", st.PCIAddress, "net"))
-	for _, e := range ents {
-		if _, err := h.LinkByName(e.Name()); err == nil {
-			return host, e.Name()
-		}
-	}
-	if name := withAlias(host, st.IfName, st.HostName); name != "" {
-		return host, name
-	}
-	if _, err := h.LinkByName(st.HostName); err == nil {
-		return host, st.HostName
-	}
-	return nil, ""
-}
-
-// withAlias is the link in n whose alias is alias: the one named name
-// first, else any.
-func withAlias(n *netns.NS, name, alias string) string {
-	h := n.Handle()
-	if l, err := h.LinkByName(name); err == nil && l.Attrs().Alias == alias {
-		return name
-	}
-	links, _ := h.LinkList()
-	for _, l := range links {
-		if l.Attrs().Alias == alias {
-			return l.Attrs().Name
-		}
-	}
-	return ""
-}
-
-// restoreInHost puts back, in place, the name, MAC, MTU and alias of the
-// VF netdev found in the host netns as name.
-func restoreInHost(st *State, host *netns.NS, name string) error {
-	h := host.Handle()
-	l, err := h.LinkByName(name)
-	if err != nil {
-		return fmt.Errorf("look up %s: %w", name, err)
-	}
-	if name != st.HostName {
-		if err := h.LinkSetDown(l); err != nil {
-			return fmt.Errorf("set %s down: %w", name, err)
-		}
-		if err := h.LinkSetName(l, st.HostName); err != nil {
-			return fmt.Errorf("rename %s to %s: %w", name, st.HostName, err)
-		}
-	}
-	a := l.Attrs()
-	if mac, err := net.ParseMAC(st.HostMAC); st.PodMAC != "" && err == nil && a.HardwareAddr.String() != mac.String() {
-		if err := h.LinkSetHardwareAddr(l, mac); err != nil {
-			return fmt.Errorf("restore MAC of %s: %w", st.HostName, err)
-		}
-	}
-	if st.HostMTU != 0 && a.MTU != st.HostMTU {
-		if err := h.LinkSetMTU(l, st.HostMTU); err != nil {
-			return fmt.Errorf("restore MTU of %s: %w", st.HostName, err)
-		}
-	}
-	if a.Alias != st.HostAlias {
-		if err := h.LinkSetAlias(l, st.HostAlias); err != nil {
-			return fmt.Errorf("restore alias of %s: %w", st.HostName, err)
-		}
 	}
 	return nil
 }

@@ -1,13 +1,13 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,8 +15,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/ifname"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
@@ -25,24 +23,28 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
-// This file undoes, on DEL, an attachment that upstream sriov-cni made
-// before fastpath replaced it on the node (README, "Coming from the
-// Network Operator", step 4): such a DEL finds no state of fastpath's, but
-// upstream's cache, <stateDir>/<ContainerID>-<IfName> (upstream's default
-// directory is fastpath's default stateDir), holds what upstream changed
-// and what it found before. DEL brings the netdev back to the host under
-// its original name, restores the VF's settings on the PF, releases the
-// address and only then removes the cache. A failed restore keeps the
-// cache for the runtime's next DEL; the failures are counted in
-// <cache>.fastpath-attempts (a decimal number) and, at maxDelAttempts,
-// DEL gives up as it does on its own state. A cache that cannot be
-// trusted is set aside as <cache>.bad and DEL goes on as without it.
+// This file undoes an attachment that upstream sriov-cni made before
+// fastpath replaced it on the node (README, "Coming from the Network
+// Operator", step 4): its DEL finds no state of fastpath's, but upstream's
+// cache, <stateDir>/<ContainerID>-<IfName> (upstream's default directory
+// is fastpath's default stateDir), holds what upstream changed and what it
+// found before. The cache is translated into the State fastpath's ADD
+// would have journaled (upstreamState) and the one teardown undoes it:
+// the netdev back on the host under its original name, the VF's settings
+// on the PF restored. Then the address is released and only then is the
+// cache removed. A failed restore keeps the cache for the runtime's next
+// DEL; the failures are counted in <cache>.fastpath-attempts (a decimal
+// number) and, at maxDelAttempts, DEL gives up as it does on its own
+// state. A cache that cannot be trusted is set aside as <cache>.bad and
+// DEL goes on as without it. GC undoes, the same way, the caches of this
+// network's attachments that are not valid (gcUpstream).
 
 // upstreamCache is what fastpath reads of upstream's cache: the JSON of
 // its NetConf, whose untagged Go fields appear under their Go names. Every
 // field is optional (upstream's versions differ): a missing one is left
 // alone.
 type upstreamCache struct {
+	Name        string           `json:"name"`
 	DeviceID    string           `json:"deviceID"`
 	DPDKMode    bool             `json:"DPDKMode"`
 	Master      string           `json:"Master"`
@@ -56,6 +58,8 @@ type upstreamCache struct {
 	MinTxRate   *int             `json:"min_tx_rate"`
 	MaxTxRate   *int             `json:"max_tx_rate"`
 	Runtime     upstreamRuntimes `json:"runtimeConfig"`
+	// ContIFNames is the attachment's CNI_IFNAME.
+	ContIFNames string `json:"ContIFNames"`
 }
 
 type upstreamRuntimes struct {
@@ -240,10 +244,48 @@ func upstreamAttempts(path string) int {
 	return n
 }
 
+// upstreamState translates upstream's cache of the attachment args names
+// into the State fastpath's ADD would have journaled for it, so that the
+// one teardown undoes it: the netdev moved into the pod (unless DPDK mode
+// bound the VF to vfio-pci), its host name and, when upstream set a MAC,
+// the MAC it had (EffectiveMAC); the VF settings on the PF that upstream
+// changed and whose values before the cache holds (restorePlan), on the PF
+// sysfs names, else the cache's Master and VFID. Upstream moves no RDMA
+// device and sets no alias, MTU or device-info file. Its address is not
+// in the State: it is released once the VF is home (delUpstream).
+func (p *Plugin) upstreamState(log *slog.Logger, uc *upstreamCache, c *NetConf, args *skel.CmdArgs, host *netns.NS) *State {
+	o := &uc.OrigVfState
+	st := &State{Version: StateVersion, Phase: PhaseAdded, Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName,
+		Netns: args.Netns, PCIAddress: uc.DeviceID, VFIO: uc.DPDKMode, LinkMoved: !uc.DPDKMode, HostName: o.HostIFName}
+	if mac := cmp.Or(uc.MAC, uc.Runtime.MAC); mac != "" && o.EffectiveMAC != nil {
+		st.PodMAC, st.HostMAC = mac, *o.EffectiveMAC
+	}
+	d, err := nic.NewScanner(p.HostRoot).Device(uc.DeviceID)
+	switch {
+	case err == nil && d.PFNetdev != "":
+		st.PFAddress, st.PFNetdev, st.VFIndex = d.PFAddress, d.PFNetdev, d.VFIndex
+	case uc.Master != "" && uc.VFID != nil:
+		st.PFNetdev, st.VFIndex = uc.Master, *uc.VFID
+	default:
+		log.Warn("PF of the VF unknown: not in sysfs, and upstream's cache names no Master and VFID", "sysfsErr", err)
+	}
+	base := sriov.VFConfig{Proto: sriov.VlanProto8021Q}
+	if st.PFNetdev != "" {
+		if now, err := p.NewPFLink(host.Handle()).VF(st.PFNetdev, st.VFIndex); err == nil {
+			base = now
+		}
+	}
+	if settings, orig := uc.restorePlan(base); len(settings) > 0 {
+		st.VFApplied, st.VFOrig = settings, orig
+	}
+	return st
+}
+
 // delUpstream undoes, with vf's lock held and no state of fastpath's for
 // vf, the attachment upstream sriov-cni made, when its cache is there and
-// names vf. It reports whether there was such a cache; when there was,
-// err is DEL's answer.
+// names vf: its translation (upstreamState) goes through teardown, then
+// its address is released and the cache removed. It reports whether there
+// was such a cache; when there was, err is DEL's answer.
 func (p *Plugin) delUpstream(ctx context.Context, log *slog.Logger, c *NetConf, store *Store, args *skel.CmdArgs, lock *Lock, vf string) (bool, error) {
 	uc, path := store.loadUpstream(log, args)
 	if uc == nil {
@@ -261,18 +303,8 @@ func (p *Plugin) delUpstream(ctx context.Context, log *slog.Logger, c *NetConf, 
 	}
 	defer host.Close()
 
-	var errs []error
-	d, derr := nic.NewScanner(p.HostRoot).Device(vf)
-	if !uc.DPDKMode {
-		if err := p.restoreUpstreamLink(log, store, uc, vf, host, args); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := p.restoreUpstreamVF(uc, d, derr, host); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		restoreErr := fail(0, vf, "restore upstream sriov-cni's attachment", errors.Join(errs...))
+	st := p.upstreamState(log, uc, c, args, host)
+	if restoreErr, _ := p.teardown(ctx, log, store, st, host, args, lock); restoreErr != nil {
 		n := upstreamAttempts(path) + 1
 		if n < maxDelAttempts {
 			if err := os.WriteFile(path+upstreamAttemptsSuffix, []byte(strconv.Itoa(n)+"\n"), 0o600); err != nil {
@@ -307,196 +339,74 @@ func (p *Plugin) delUpstream(ctx context.Context, log *slog.Logger, c *NetConf, 
 	return true, ipamErr
 }
 
-// restoreUpstreamVF puts back the VF settings on the PF that upstream
-// changed (restorePlan). The PF is sysfs's, else the cache's Master/VFID.
-func (p *Plugin) restoreUpstreamVF(uc *upstreamCache, d nic.Device, derr error, host *netns.NS) error {
-	pf, idx := d.PFNetdev, d.VFIndex
-	if derr != nil || pf == "" {
-		if uc.Master == "" || uc.VFID == nil {
-			settings, _ := uc.restorePlan(sriov.VFConfig{})
-			if len(settings) == 0 {
-				return nil
-			}
-			return fmt.Errorf("VF settings: PF netdev unknown (sysfs: %v; the cache has no Master and VFID)", derr)
-		}
-		pf, idx = uc.Master, *uc.VFID
-	}
-	pfl := p.NewPFLink(host.Handle())
-	base, err := pfl.VF(pf, idx)
+// upstreamAttachment is an attachment upstream sriov-cni's cache describes.
+type upstreamAttachment struct {
+	ContainerID, IfName string
+	cache               *upstreamCache
+}
+
+// upstreamAttachments lists the attachments of network whose caches
+// upstream sriov-cni left in the state dir: files named
+// <ContainerID>-<ContIFNames> that parse as its cache and name network.
+// Anything else there, fastpath's own files first, is not looked at.
+func (s *Store) upstreamAttachments(network string) ([]upstreamAttachment, error) {
+	ents, err := os.ReadDir(s.dir)
 	if err != nil {
-		base = sriov.VFConfig{Proto: sriov.VlanProto8021Q}
+		return nil, fmt.Errorf("state dir %s: %w", s.dir, err)
 	}
-	settings, orig := uc.restorePlan(base)
-	if len(settings) == 0 {
-		return nil
-	}
-	if err := sriov.RestoreAll(pfl, pf, idx, settings, orig); err != nil {
-		return fmt.Errorf("VF settings on PF %s: %w", pf, err)
-	}
-	return nil
-}
-
-// netdevPCI is the PCI address of the device behind l, a link in n, or
-// "": the kernel's IFLA_PARENT_DEV_NAME on the pci bus; with deep, on a
-// kernel without it (before 5.15), ethtool's bus-info.
-func (p *Plugin) netdevPCI(n *netns.NS, l netlink.Link, deep bool) string {
-	if p.NetdevPCI != nil {
-		return p.NetdevPCI(l)
-	}
-	a := l.Attrs()
-	switch {
-	case a.ParentDevBus == "pci":
-		return a.ParentDev
-	case a.ParentDevBus != "" || !deep:
-		return ""
-	}
-	var bus string
-	_ = n.Do(func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	var out []upstreamAttachment
+	for _, e := range ents {
+		name := e.Name()
+		if !e.Type().IsRegular() || strings.HasPrefix(name, ".") || ownSuffix(name) {
+			continue
+		}
+		uc, err := readUpstream(filepath.Join(s.dir, name))
 		if err != nil {
-			return err
+			s.log.Debug("not upstream sriov-cni's cache; left alone", "file", name, "err", err)
+			continue
 		}
-		defer unix.Close(fd)
-		info, err := unix.IoctlGetEthtoolDrvinfo(fd, a.Name)
-		if err != nil {
-			return err
+		cid, ok := strings.CutSuffix(name, "-"+uc.ContIFNames)
+		if uc.Name != network || !ok || cid == "" || ifname.Check(uc.ContIFNames) != nil {
+			continue
 		}
-		bus = unix.ByteSliceToString(info.Bus_info[:])
-		return nil
-	})
-	if !pci.ValidAddress(bus) {
-		return ""
+		out = append(out, upstreamAttachment{ContainerID: cid, IfName: uc.ContIFNames, cache: uc})
 	}
-	return bus
+	return out, nil
 }
 
-// linkOf is the name of the link in n whose device is vf: one of names
-// first (each checked, never trusted by its name alone), else any.
-func (p *Plugin) linkOf(n *netns.NS, vf string, names ...string) string {
-	h := n.Handle()
-	for _, name := range names {
-		if l, err := h.LinkByName(name); err == nil && p.netdevPCI(n, l, true) == vf {
-			return name
+// ownSuffix reports whether name is one of the files fastpath keeps in the
+// state dir (Store, Pending) or beside upstream's caches.
+func ownSuffix(name string) bool {
+	for _, suf := range []string{".json", ".lock", ".netns", ".bad", ".pending", upstreamAttemptsSuffix} {
+		if strings.HasSuffix(name, suf) {
+			return true
 		}
 	}
-	links, _ := h.LinkList()
-	for _, l := range links {
-		if p.netdevPCI(n, l, false) == vf {
-			return l.Attrs().Name
-		}
-	}
-	return ""
+	return false
 }
 
-// restoreUpstreamLink brings the VF's netdev back to the host netns named
-// OrigVfState.HostIFName, from the pod's netns (through the pinned
-// temporary netns, where a killed DEL leaves it for the next) or from the
-// host, where the kernel put it when the pod's netns died. A name taken on
-// the host leaves the kernel's and is logged.
-func (p *Plugin) restoreUpstreamLink(log *slog.Logger, store *Store, uc *upstreamCache, vf string, host *netns.NS, args *skel.CmdArgs) error {
-	want := uc.OrigVfState.HostIFName
-	var mac net.HardwareAddr
-	if m := uc.OrigVfState.EffectiveMAC; m != nil && (uc.MAC != "" || uc.Runtime.MAC != "") {
-		mac, _ = net.ParseMAC(*m)
-	}
-	viaPath := store.netnsPath(vf)
-	var via *netns.NS
-	if n, err := netns.Open(viaPath); err == nil {
-		via = n
-		defer via.Close()
-	}
-	var from *netns.NS
-	var name string
-	if via != nil {
-		if name = p.linkOf(via, vf); name != "" {
-			from = via
-		}
-	}
-	if from == nil && args.Netns != "" {
-		if pod, err := netns.Open(args.Netns); err == nil {
-			defer pod.Close()
-			if name = p.linkOf(pod, vf, args.IfName); name != "" {
-				from = pod
-			}
-		}
-	}
-	if from == nil {
-		// The kernel returned it from a pod's netns that died: sysfs
-		// lists it for the VF under the name it had there.
-		var listed []string
-		ents, _ := os.ReadDir(filepath.Join(p.HostRoot, "sys/bus/pci/devices", vf, "net"))
-		for _, e := range ents {
-			listed = append(listed, e.Name())
-		}
-		if name = p.linkOf(host, vf, listed...); name == "" {
-			log.Warn("VF netdev not found in the pod or the host netns; was the VF removed?", "hostName", want)
-			return unpinIfEmpty(viaPath)
-		}
-		return restoreUpstreamInHost(log, host, name, want, mac)
-	}
-
-	target := want
-	if target == "" || taken(host, target) {
-		target = name
-		if taken(host, target) {
-			if l, err := from.Handle().LinkByName(name); err == nil {
-				target = fmt.Sprintf("dev%d", l.Attrs().Index)
-			}
-		}
-		if want != "" {
-			log.Warn("VF netdev's original name is taken on the host; it keeps the kernel's", "hostName", want, "name", target)
-		}
-	}
-	if l, err := from.Handle().LinkByName(name); err == nil {
-		if err := from.Handle().LinkSetDown(l); err != nil {
-			return fmt.Errorf("set %s down: %w", name, err)
-		}
-	}
-	if via == nil {
-		n, err := pinForReturn(log, viaPath)
-		if err != nil {
-			return err
-		}
-		via = n
-		defer via.Close()
-	}
-	if _, err := netns.MoveVia(name, from, via, host, netns.LinkConfig{Name: target, MAC: mac}); err != nil {
-		return fmt.Errorf("return %s to the host as %s: %w", name, target, err)
-	}
-	log.Info("VF netdev returned to the host", "from", name, "name", target)
-	return unpinIfEmpty(viaPath)
-}
-
-func taken(n *netns.NS, name string) bool {
-	_, err := n.Handle().LinkByName(name)
-	return err == nil
-}
-
-// restoreUpstreamInHost renames the VF's netdev, found on the host as
-// name, to want (when it is free) and puts its MAC back.
-func restoreUpstreamInHost(log *slog.Logger, host *netns.NS, name, want string, mac net.HardwareAddr) error {
-	h := host.Handle()
-	l, err := h.LinkByName(name)
+// gcUpstream undoes, as their DELs would, the attachments of network c
+// that upstream sriov-cni made and that are not valid: a pod lost without
+// a DEL leaves upstream's cache, and its VF's settings, behind. The pod's
+// netns is not in the cache: the netdev is found on the host, where the
+// kernel returned it when that netns went, or in the pinned netns of a
+// killed DEL.
+func (p *Plugin) gcUpstream(ctx context.Context, log *slog.Logger, c *NetConf, store *Store, args *skel.CmdArgs, valid map[types.GCAttachment]bool) error {
+	atts, err := store.upstreamAttachments(c.Name)
 	if err != nil {
-		return fmt.Errorf("look up %s: %w", name, err)
+		return err
 	}
-	if want != "" && name != want {
-		if taken(host, want) {
-			log.Warn("VF netdev's original name is taken on the host; it keeps the kernel's", "hostName", want, "name", name)
-		} else {
-			if err := h.LinkSetDown(l); err != nil {
-				return fmt.Errorf("set %s down: %w", name, err)
-			}
-			if err := h.LinkSetName(l, want); err != nil {
-				return fmt.Errorf("rename %s to %s: %w", name, want, err)
-			}
-			log.Info("VF netdev renamed to its original name", "from", name, "name", want)
+	var errs []error
+	for _, a := range atts {
+		if valid[types.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName}] {
+			continue
 		}
-	}
-	if mac != nil && l.Attrs().HardwareAddr.String() != mac.String() {
-		if err := h.LinkSetHardwareAddr(l, mac); err != nil {
-			return fmt.Errorf("restore MAC of %s: %w", name, err)
+		del := &skel.CmdArgs{ContainerID: a.ContainerID, IfName: a.IfName, Path: args.Path, StdinData: args.StdinData}
+		if err := p.detach(ctx, log, c, store, a.cache.DeviceID, del); err != nil {
+			errs = append(errs, err)
+			continue
 		}
+		log.Info("collected upstream sriov-cni's stale attachment", "vf", a.cache.DeviceID, "container", shortID(a.ContainerID), "ifname", a.IfName)
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -141,21 +142,32 @@ func TestDelUpstreamHostNameTaken(t *testing.T) {
 }
 
 // The pod's netns is gone before DEL: the kernel returned the VF to the
-// host under its pod name, where DEL renames it.
+// host under its pod name, where DEL renames it. A pod lost without a DEL
+// leaves the same, and the runtime's GC, with the attachment no longer
+// valid, undoes it as that DEL would.
 func TestDelUpstreamAfterNetnsDeleted(t *testing.T) {
-	e := newEnv(t, "roce-cx6dx")
-	podNS := e.pod()
-	conf := e.upstreamConf()
-	orig := e.upstreamAttach(podNS, conf)
-	e.kernelReclaims(mustOpen(t, podNS))
-	deleteNetns(t, podNS)
-	_, err := netlink.LinkByName("net1")
-	require.NoError(t, err, "returned under its pod name")
+	for _, by := range []string{"DEL", "GC"} {
+		t.Run(by, func(t *testing.T) {
+			e := newEnv(t, "roce-cx6dx")
+			podNS := e.pod()
+			conf := e.upstreamConf()
+			orig := e.upstreamAttach(podNS, conf)
+			e.kernelReclaims(mustOpen(t, podNS))
+			deleteNetns(t, podNS)
+			_, err := netlink.LinkByName("net1")
+			require.NoError(t, err, "returned under its pod name")
 
-	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-	e.requireUpstreamUndone(orig, upstreamHost)
-	_, err = netlink.LinkByName("net1")
-	require.Error(t, err)
+			if by == "DEL" {
+				require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+			} else {
+				gc := e.conf(`"deviceID":"` + upstreamVF + `",` + e.hostLocal("10.91.0.0/24", "") + `,"cni.dev/valid-attachments":[]`)
+				require.NoError(t, e.p.GC(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(gc)}))
+			}
+			e.requireUpstreamUndone(orig, upstreamHost)
+			_, err = netlink.LinkByName("net1")
+			require.Error(t, err)
+		})
+	}
 }
 
 // A netdev named CNI_IFNAME that is not the VF's is not taken for it.

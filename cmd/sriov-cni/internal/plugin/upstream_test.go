@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -144,4 +145,36 @@ func TestDelUpstreamRestoreFailureIsRetriedThenDropped(t *testing.T) {
 	require.Empty(t, u.leases())
 	require.Empty(t, ls(t, u.stateDir))
 	require.Equal(t, sriovtest.Unconfigured, u.pf.Get(vfioPF, 0), "every other setting restored")
+}
+
+// GC undoes, as its DEL would, upstream's cache of an attachment the
+// runtime no longer has (a pod lost without a DEL): the VF's settings,
+// the address, the cache. The caches of a valid attachment, of another
+// network, and a file that is no cache are left alone.
+func TestGCUndoesUpstreamAttachmentOfLostPod(t *testing.T) {
+	u := newUnit(t)
+	u.pf.Set(vfioPF, 0, sriov.VFConfig{MAC: "00:00:00:00:00:00", Proto: sriov.VlanProto8021Q, Trust: true,
+		LinkState: sriov.LinkStateDisable, MinTxRate: 10, MaxTxRate: 100})
+	conf := u.conf(allSettings)
+	u.upstreamAdd(conf, upstreamDPDK)
+	kept := map[string]string{
+		"c2-net1":    strings.Replace(upstreamDPDK, "0000:86:00.1", "0000:86:00.2", 1),
+		"c3-net1":    strings.Replace(upstreamDPDK, `"name":"rdma-net"`, `"name":"other-net"`, 1),
+		"notes-net1": "not a cache",
+	}
+	for name, data := range kept {
+		require.NoError(t, os.WriteFile(filepath.Join(u.stateDir, name), []byte(data), 0o600))
+	}
+
+	gc := u.conf(`"cni.dev/valid-attachments":[{"containerID":"c2","ifname":"net1"}]`)
+	require.NoError(t, u.p.GC(u.args(gc, "")))
+	require.Equal(t, sriovtest.Unconfigured, u.pf.Get(vfioPF, 0), "VF settings restored")
+	require.Empty(t, u.leases(), "address released")
+	require.Equal(t, []string{"c2-net1", "c3-net1", "notes-net1"}, ls(t, u.stateDir), "the lost pod's cache removed, the rest left")
+	require.Contains(t, u.log.String(), "collected upstream sriov-cni's stale attachment")
+
+	u.pf.ResetCalls()
+	require.NoError(t, u.p.GC(u.args(gc, "")), "GC twice")
+	require.Empty(t, pfChanges(u.pf))
+	require.Equal(t, []string{"c2-net1", "c3-net1", "notes-net1"}, ls(t, u.stateDir))
 }

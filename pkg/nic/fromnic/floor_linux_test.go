@@ -1,4 +1,7 @@
-package floor_test
+package fromnic_test
+
+// The floor pass over the VFs of a scanned host (they moved here from
+// internal/floor with fromnic, which package floor may not import).
 
 import (
 	"bytes"
@@ -11,8 +14,8 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/floor"
-	"github.com/fastpath-k8s/fastpath/internal/floor/fromnic"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
 
 // generated is a 2x4-VF host and its VFs as a floor pass reads them.

@@ -1,8 +1,10 @@
 //go:build linux
 
-// Package fromnic takes a floor pass's VFs from a scan. It is apart from
-// package floor so that test/regfloor, which makes passes, links no
-// fastpath discovery code.
+// Package fromnic takes a floor pass's VFs (internal/floor) from a scan
+// of package nic, for the benchmarks that set a scan against the floor and
+// the floor's own tests. It is apart from package floor so that
+// test/regfloor, which makes passes, links no fastpath discovery code, and
+// it lives above nic so that the dependency runs down (pkg -> internal).
 package fromnic
 
 import (

@@ -1,0 +1,274 @@
+package plugin
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+)
+
+// This file brings a VF's netdev home for teardown: it finds the netdev
+// wherever an ADD or a DEL, fastpath's or upstream sriov-cni's, may have
+// left it and puts it back on the host as the state says it was.
+
+// restoreLink brings the VF netdev back to the host under its original
+// name, MAC, MTU and alias, from wherever it is (findNetdev), and releases
+// the pinned temporary netns. A name taken on the host meanwhile leaves the
+// netdev the kernel's (homeName), with a warning.
+func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, pod *netns.NS) error {
+	viaPath := store.netnsPath(st.PCIAddress)
+	var via *netns.NS
+	if n, err := netns.Open(viaPath); err == nil {
+		via = n
+	}
+	defer func() {
+		if via != nil {
+			via.Close()
+		}
+	}()
+	where, name := p.findNetdev(st, host, pod, via)
+	home := name
+	switch {
+	case where == nil:
+		log.Warn("VF netdev not found in the pod, the temporary or the host netns; was the VF removed?", "netdev", st.HostName)
+	case where == host:
+		var err error
+		if home, err = restoreInHost(log, st, host, name); err != nil {
+			return err
+		}
+	default:
+		if via == nil {
+			n, err := pinForReturn(log, viaPath)
+			if err != nil {
+				return err
+			}
+			via = n
+		}
+		home = homeName(log, st, host, where, name)
+		alias := st.HostAlias
+		cfg := netns.LinkConfig{Name: home, MTU: st.HostMTU, Alias: &alias}
+		if st.PodMAC != "" {
+			cfg.MAC, _ = net.ParseMAC(st.HostMAC)
+		}
+		if _, err := netns.MoveVia(name, where, via, host, cfg); err != nil {
+			return fmt.Errorf("return %s to the host as %s: %w", name, home, err)
+		}
+		log.Info("VF netdev returned to the host", "from", name, "name", home)
+	}
+	if err := unpinIfEmpty(viaPath); err != nil {
+		return err
+	}
+	if where == nil || !st.HostUp {
+		return nil
+	}
+	l, err := host.Handle().LinkByName(home)
+	if err == nil {
+		err = host.Handle().LinkSetUp(l)
+	}
+	if err != nil {
+		return fmt.Errorf("set %s up: %w", home, err)
+	}
+	return nil
+}
+
+// homeName is the name the netdev found in from as name goes home under:
+// the state's host name, unless it is unknown or another link took it on
+// the host meanwhile; then the name it has, else dev<ifindex> as the
+// kernel names a link it returns to a netns where its name is taken.
+func homeName(log *slog.Logger, st *State, host, from *netns.NS, name string) string {
+	want := st.HostName
+	if want != "" && !taken(host, want) {
+		return want
+	}
+	home := name
+	if taken(host, home) {
+		if l, err := from.Handle().LinkByName(name); err == nil {
+			home = fmt.Sprintf("dev%d", l.Attrs().Index)
+		}
+	}
+	if want != "" {
+		log.Warn("VF netdev's original name is taken on the host; it keeps the kernel's", "hostName", want, "name", home)
+	}
+	return home
+}
+
+func taken(n *netns.NS, name string) bool {
+	_, err := n.Handle().LinkByName(name)
+	return err == nil
+}
+
+// findNetdev finds the VF's netdev wherever a finished, failed or killed
+// ADD or DEL may have left it, the most specific place first:
+//   - the pinned temporary netns, which never holds anything else;
+//   - the pod netns: under CNI_IFNAME or any name, carrying the alias ADD
+//     set (the VF's host name), else whose device is the VF (upstream
+//     sriov-cni sets no alias);
+//   - the host netns: under a name sysfs lists for the VF (the kernel
+//     returns a VF from a destroyed netns under whatever name it had
+//     there), whose device is the VF, under CNI_IFNAME or any name with
+//     that alias, or under its original name.
+//
+// A link found by a name or an alias whose device is known to be another
+// is not the VF's.
+func (p *Plugin) findNetdev(st *State, host, pod, via *netns.NS) (*netns.NS, string) {
+	if via != nil {
+		if names, err := via.Links(); err == nil && len(names) > 0 {
+			return via, names[0]
+		}
+	}
+	if pod != nil {
+		if name := p.withAlias(pod, st, st.IfName); name != "" {
+			return pod, name
+		}
+		if name := p.linkOf(pod, st.PCIAddress, st.IfName); name != "" {
+			return pod, name
+		}
+	}
+	h := host.Handle()
+	ents, _ := os.ReadDir(filepath.Join(p.HostRoot, "sys/bus/pci/devices", st.PCIAddress, "net"))
+	for _, e := range ents {
+		if l, err := h.LinkByName(e.Name()); err == nil && p.mayBe(host, l, st.PCIAddress) {
+			return host, e.Name()
+		}
+	}
+	if name := p.linkOf(host, st.PCIAddress); name != "" {
+		return host, name
+	}
+	if name := p.withAlias(host, st, st.IfName); name != "" {
+		return host, name
+	}
+	if l, err := h.LinkByName(st.HostName); st.HostName != "" && err == nil && p.mayBe(host, l, st.PCIAddress) {
+		return host, st.HostName
+	}
+	return nil, ""
+}
+
+// withAlias is the link in n whose alias is the VF's host name, which ADD
+// sets in the pod: the one named name first, else any; "" when the state
+// has no host name.
+func (p *Plugin) withAlias(n *netns.NS, st *State, name string) string {
+	alias := st.HostName
+	if alias == "" {
+		return ""
+	}
+	h := n.Handle()
+	if l, err := h.LinkByName(name); err == nil && l.Attrs().Alias == alias && p.mayBe(n, l, st.PCIAddress) {
+		return name
+	}
+	links, _ := h.LinkList()
+	for _, l := range links {
+		if l.Attrs().Alias == alias && p.mayBe(n, l, st.PCIAddress) {
+			return l.Attrs().Name
+		}
+	}
+	return ""
+}
+
+// mayBe reports whether l, a link in n, may be vf's netdev: its device is
+// vf or cannot be told (a virtual link has no PCI parent).
+func (p *Plugin) mayBe(n *netns.NS, l netlink.Link, vf string) bool {
+	dev := p.netdevPCI(n, l, false)
+	return dev == "" || dev == vf
+}
+
+// restoreInHost puts back, in place, the name, MAC, MTU and alias of the
+// VF netdev found in the host netns as name, and returns the name it has
+// now: its original one unless another link took that meanwhile.
+func restoreInHost(log *slog.Logger, st *State, host *netns.NS, name string) (string, error) {
+	h := host.Handle()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return "", fmt.Errorf("look up %s: %w", name, err)
+	}
+	home := name
+	switch {
+	case st.HostName == "" || name == st.HostName:
+	case taken(host, st.HostName):
+		log.Warn("VF netdev's original name is taken on the host; it keeps the kernel's", "hostName", st.HostName, "name", name)
+	default:
+		if err := h.LinkSetDown(l); err != nil {
+			return "", fmt.Errorf("set %s down: %w", name, err)
+		}
+		if err := h.LinkSetName(l, st.HostName); err != nil {
+			return "", fmt.Errorf("rename %s to %s: %w", name, st.HostName, err)
+		}
+		home = st.HostName
+		log.Info("VF netdev renamed to its original name", "from", name, "name", home)
+	}
+	a := l.Attrs()
+	if mac, err := net.ParseMAC(st.HostMAC); st.PodMAC != "" && err == nil && a.HardwareAddr.String() != mac.String() {
+		if err := h.LinkSetHardwareAddr(l, mac); err != nil {
+			return "", fmt.Errorf("restore MAC of %s: %w", home, err)
+		}
+	}
+	if st.HostMTU != 0 && a.MTU != st.HostMTU {
+		if err := h.LinkSetMTU(l, st.HostMTU); err != nil {
+			return "", fmt.Errorf("restore MTU of %s: %w", home, err)
+		}
+	}
+	if a.Alias != st.HostAlias {
+		if err := h.LinkSetAlias(l, st.HostAlias); err != nil {
+			return "", fmt.Errorf("restore alias of %s: %w", home, err)
+		}
+	}
+	return home, nil
+}
+
+// netdevPCI is the PCI address of the device behind l, a link in n, or
+// "": the kernel's IFLA_PARENT_DEV_NAME on the pci bus; with deep, on a
+// kernel without it (before 5.15), ethtool's bus-info.
+func (p *Plugin) netdevPCI(n *netns.NS, l netlink.Link, deep bool) string {
+	if p.NetdevPCI != nil {
+		return p.NetdevPCI(l)
+	}
+	a := l.Attrs()
+	switch {
+	case a.ParentDevBus == "pci":
+		return a.ParentDev
+	case a.ParentDevBus != "" || !deep:
+		return ""
+	}
+	var bus string
+	_ = n.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		info, err := unix.IoctlGetEthtoolDrvinfo(fd, a.Name)
+		if err != nil {
+			return err
+		}
+		bus = unix.ByteSliceToString(info.Bus_info[:])
+		return nil
+	})
+	if !pci.ValidAddress(bus) {
+		return ""
+	}
+	return bus
+}
+
+// linkOf is the name of the link in n whose device is vf: one of names
+// first (each checked, never trusted by its name alone), else any.
+func (p *Plugin) linkOf(n *netns.NS, vf string, names ...string) string {
+	h := n.Handle()
+	for _, name := range names {
+		if l, err := h.LinkByName(name); err == nil && p.netdevPCI(n, l, true) == vf {
+			return name
+		}
+	}
+	links, _ := h.LinkList()
+	for _, l := range links {
+		if p.netdevPCI(n, l, false) == vf {
+			return l.Attrs().Name
+		}
+	}
+	return ""
+}
