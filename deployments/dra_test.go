@@ -136,6 +136,14 @@ func TestKustomizeDRA(t *testing.T) {
 
 			require.Len(t, m.deviceClasses, 1)
 			require.Equal(t, draDeviceClass, m.deviceClasses[0].Name)
+			// Pod specs written for the device plugin (resources.limits of
+			// the VF pool) are served through the class (KEP-5004): its
+			// extended resource is the pool DRA serves, which the device
+			// plugin then does not advertise.
+			ext := m.deviceClasses[0].Spec.ExtendedResourceName
+			require.NotNil(t, ext, "extendedResourceName")
+			require.Equal(t, sriovResource, *ext)
+			require.Equal(t, pool.ServedByDRA, served[*ext])
 		})
 	}
 }

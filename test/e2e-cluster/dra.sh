@@ -127,7 +127,7 @@ claim_released() {
 }
 claim_gone() { ! kubectl -n "$1" get resourceclaim "$2" >/dev/null 2>&1; }
 
-# dra_check_pod NS POD CONTAINER VF [NAD RANGE]: what the pod got for its
+# dra_check_pod NS POD CONTAINER VF [NAD RANGE [NO_DEVINFO_WHY]]: what the pod got for its
 # VF through its claim: exactly the VF's char devices and its env (CDI);
 # with a NAD, the VF's stand-in as net<N> with a whereabouts address and
 # the network-status device-info of the VF (Multus through the sriov CNI).
@@ -145,6 +145,11 @@ dra_check_pod() {
 	check_vf_in_pod "$pod" "$pid" "$vf" "$range"
 	local ifname=$VF_IFNAME status
 	status=$(kubectl -n "$ns" get pod "$pod" -o json | jq -r '.metadata.annotations["k8s.v1.cni.cncf.io/network-status"] // "[]"')
+	if [[ -n ${7:-} ]]; then
+		check "$pod: network-status has $ns/$nad on $ifname ($7)" \
+			jq_true --arg i "$ifname" --arg n "$ns/$nad" 'any(.[]; .interface == $i and .name == $n)' <<<"$status"
+		return 0
+	fi
 	check "$pod: network-status has $ns/$nad on $ifname with device-info pci-address $vf" \
 		jq_true --arg i "$ifname" --arg n "$ns/$nad" --arg a "$vf" \
 		'any(.[]; .interface == $i and .name == $n and .["device-info"].pci["pci-address"] == $a)' <<<"$status"
@@ -157,6 +162,8 @@ test_dra() {
 	dra_gpu_standin
 	dra_template_pod
 	dra_multus_pod
+	dra_seed_pod
+	dra_numa_pod
 	dra_unsatisfiable
 	dra_plugin_restart
 	dra_delete
@@ -277,6 +284,74 @@ dra_multus_pod() {
 	check "claim $MULTUS_CLAIM: a VF ($vf), not the template pod's ($TEMPLATE_VF)" test -n "$vf" -a "$vf" != "$TEMPLATE_VF"
 	dra_check_pod default "$MULTUS_POD" train "$vf" "$MULTUS_NAD" "$EXAMPLE_RANGE"
 	expect "whereabouts IPPool $EXAMPLE_RANGE holds the pod" "default/$MULTUS_POD" "$(ippool_pods "$EXAMPLE_RANGE" | xargs)"
+}
+
+# feature_enabled COMPONENT_URL GATE: the component's /metrics says GATE is on.
+feature_enabled() {
+	local m
+	m=$(kubectl get --raw "$1") || return 1
+	grep '^kubernetes_feature_enabled' <<<"$m" >"$RUN/logs/feature-gates.txt"
+	grep -qE "^kubernetes_feature_enabled\{name=\"$2\",stage=\"[A-Z]*\"\} 1\$" <<<"$m"
+}
+# extended_claim NS POD prints the claim the scheduler made for the pod's
+# resources.limits of a DRA-backed extended resource.
+extended_claim() { kubectl -n "$1" get pod "$2" -o jsonpath='{.status.extendedResourceClaimStatus.resourceClaimName}'; }
+
+# dra_seed_pod: the seed's NAD and training pod, unchanged (resources.limits
+# mellanox.com/mlnx_sriov_rdma: 1), now that DRA serves the VF pool: the
+# scheduler turns the limit into a claim of the shipped DeviceClass
+# (extendedResourceName, KEP-5004), CDI gives the VF's devices and env,
+# Multus and the sriov CNI attach it (the CNI finds the pod's DRA VF in
+# PodResources: Multus passes no deviceID for a generated claim name).
+dra_seed_pod() {
+	check "API server: DRAExtendedResource on (GA in v1.37, no gate to set)" feature_enabled /metrics DRAExtendedResource
+	check "kubectl apply -k of the seed's NAD and pod, unchanged" kubectl apply -k "$RUN/seed"
+	dra_require "pod $SEED_POD Running through DRA" 180 pod_running default "$SEED_POD"
+	local claim vfdev vf
+	claim=$(extended_claim default "$SEED_POD")
+	vfdev=$(claim_device default "$claim" "$DRA_DRIVER")
+	vf=$(vf_of_device "$vfdev")
+	check "$SEED_POD: the scheduler made claim '$claim' for its $RESOURCE limit, with a VF ($vf) of $DRA_DRIVER" test -n "$claim" -a -n "$vf"
+	check "node allocatable still has no $RESOURCE (served by DRA only)" allocatable_is "$RESOURCE" 0
+	dra_check_pod default "$SEED_POD" nccl "$vf" sriov-net-ib "$SEED_RANGE" \
+		"no device-info: Multus v4.3.0 asks for it only with a deviceID, which it has only for a claim the NAD names"
+	expect "whereabouts IPPool $SEED_RANGE holds the pod" "default/$SEED_POD" "$(ippool_pods "$SEED_RANGE" | xargs)"
+	kubectl -n default delete pod "$SEED_POD" --grace-period 1 >/dev/null
+	dra_require "seed pod deleted" 120 claim_gone default "$claim"
+	check "seed's claim unprepared: its CDI spec gone" wait_for 30 "seed spec removed" test "$(our_cdi_specs | wc -l)" = 2
+	expect "whereabouts IPPool $SEED_RANGE empty" "" "$(ippool_pods "$SEED_RANGE" | xargs)"
+	kubectl delete -k "$RUN/seed" --ignore-not-found >/dev/null
+}
+
+# dra_numa_pod: the shipped template for a GPU and a VF on one NUMA node
+# (examples/alignment/gpu-numa-vf.yaml), through the real scheduler.
+dra_numa_pod() {
+	local pod=nccl-numa claim gpu vfdev g v
+	check "kubectl apply of the GPU + NUMA VF claim template" kubectl -n default apply -f "$DRA_EXAMPLES/alignment/gpu-numa-vf.yaml"
+	kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $pod, namespace: default}
+spec:
+  restartPolicy: Never
+  resourceClaims: [{name: gpu-vf, resourceClaimTemplateName: gpu-with-numa-vf}]
+  containers:
+    - name: train
+      image: $WORKLOAD_IMAGE
+      command: ["sleep", "3600"]
+      resources: {claims: [{name: gpu-vf}]}
+EOF
+	dra_require "pod $pod Running" 120 pod_running default "$pod"
+	claim=$(pod_claim default "$pod")
+	gpu=$(claim_device default "$claim" "$GPU_DRIVER")
+	vfdev=$(claim_device default "$claim" "$DRA_DRIVER")
+	g=$(dev_attr "$GPU_DRIVER" "$gpu" resource.kubernetes.io/numaNode)
+	v=$(dev_attr "$DRA_DRIVER" "$vfdev" resource.kubernetes.io/numaNode)
+	check "claim $claim (template gpu-with-numa-vf): GPU $gpu and VF $vfdev on one NUMA node ($g, $v)" test -n "$g" -a "$g" = "$v"
+	kubectl -n default delete pod "$pod" --grace-period 1 >/dev/null
+	dra_require "numa pod's claim deleted with it" 120 claim_gone default "$claim"
+	kubectl -n default delete -f "$DRA_EXAMPLES/alignment/gpu-numa-vf.yaml" >/dev/null
+	check "numa claim unprepared: its CDI spec gone" wait_for 30 "numa spec removed" test "$(our_cdi_specs | wc -l)" = 2
 }
 
 # dra_unsatisfiable: with a rail's PF down its VFs are unusable; a claim

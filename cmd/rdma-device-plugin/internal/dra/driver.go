@@ -15,7 +15,6 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -261,7 +260,7 @@ func (d *Driver) publisher(ctx context.Context, helper *kubeletplugin.Helper) {
 		d.mu.Unlock()
 
 		res := driverResources(d.opts.NodeName, entries, view.health, taints)
-		if published != nil && apiequality.Semantic.DeepEqual(*published, res) {
+		if published != nil && samePublication(*published, res) {
 			continue
 		}
 		unhealthy := 0

@@ -16,3 +16,6 @@ func Resources(poolName string, pools []pool.Pool, unhealthy map[string]string, 
 		return health{ok: true}
 	}, taint)
 }
+
+// SamePublication is samePublication.
+var SamePublication = samePublication

@@ -2,10 +2,12 @@ package dra
 
 import (
 	"cmp"
+	"reflect"
 	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
@@ -99,13 +101,18 @@ type entry struct {
 	// published far more often than discovery changes them. Shared by
 	// every publication, never modified.
 	attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
+	// group names the VFs that go into one ResourceSlice together when
+	// they fit (a "pack" pool's VFs of one PF), so that a PF's link event
+	// changes one slice; "" for a "spread" pool, whose every slice holds
+	// VFs of every PF.
+	group string
 }
 
 // entries lists the VFs of the pools in the order they are published:
 // pool by pool; within a "spread" pool VF 0 of every PF first, then VF 1…
 // (the scheduler takes the first devices that fit, so a claim for eight
 // VFs gets one per rail), otherwise by PCI address (VFs of as few PFs as
-// possible).
+// possible), PF by PF.
 func entries(pools []pool.Pool) []entry {
 	var out []entry
 	for i := range pools {
@@ -133,7 +140,12 @@ func entries(pools []pool.Pool) []entry {
 					cmp.Compare(pfOf(a.dev), pfOf(b.dev)), cmp.Compare(a.dev.PCIAddress, b.dev.PCIAddress))
 			})
 		} else {
-			slices.SortFunc(part, func(a, b entry) int { return cmp.Compare(a.dev.PCIAddress, b.dev.PCIAddress) })
+			for k := range part {
+				part[k].group = p.ResourceName() + "/" + pfOf(part[k].dev)
+			}
+			slices.SortFunc(part, func(a, b entry) int {
+				return cmp.Or(cmp.Compare(pfOf(a.dev), pfOf(b.dev)), cmp.Compare(a.dev.PCIAddress, b.dev.PCIAddress))
+			})
 		}
 	}
 	return out
@@ -147,8 +159,10 @@ func pfOf(d *nic.Device) string {
 }
 
 // driverResources builds what is published: one pool named after the node
-// with every served VF, in slices of MaxDevicesPerSlice. A device that is
-// not healthy is tainted when taint is set and left out otherwise.
+// with every served VF, in slices of up to MaxDevicesPerSlice. A group
+// (entry.group) that does not fit into what is left of a slice starts the
+// next one, unless it is larger than a slice. A device that is not
+// healthy is tainted when taint is set and left out otherwise.
 func driverResources(poolName string, list []entry, healthOf func(*entry) health, taint bool) resourceslice.DriverResources {
 	var slicesOut []resourceslice.Slice
 	var cur []resourceapi.Device
@@ -160,6 +174,15 @@ func driverResources(poolName string, list []entry, healthOf func(*entry) health
 	}
 	for i := range list {
 		e := &list[i]
+		if e.group != "" && (i == 0 || list[i-1].group != e.group) {
+			n := 1 // the group's size
+			for n < len(list)-i && list[i+n].group == e.group {
+				n++
+			}
+			if n <= MaxDevicesPerSlice && len(cur)+n > MaxDevicesPerSlice {
+				flush()
+			}
+		}
 		h := healthOf(e)
 		if !h.ok && !taint {
 			continue
@@ -180,4 +203,44 @@ func driverResources(poolName string, list []entry, healthOf func(*entry) health
 		slicesOut = []resourceslice.Slice{{}}
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{poolName: {Slices: slicesOut}}}
+}
+
+// samePublication reports whether two results of driverResources publish
+// the same. It compares what driverResources sets, and attributes by
+// identity first: they are made once per scan and shared, so a health
+// change costs a walk over the devices, not a reflective comparison of
+// every attribute (which at 1024 VFs was most of a link event's time).
+func samePublication(a, b resourceslice.DriverResources) bool {
+	if len(a.Pools) != len(b.Pools) {
+		return false
+	}
+	for name, pa := range a.Pools {
+		pb, ok := b.Pools[name]
+		if !ok || len(pa.Slices) != len(pb.Slices) {
+			return false
+		}
+		for i := range pa.Slices {
+			if !samePublishedDevices(pa.Slices[i].Devices, pb.Slices[i].Devices) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func samePublishedDevices(a, b []resourceapi.Device) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		da, db := &a[i], &b[i]
+		if da.Name != db.Name || !slices.Equal(da.Taints, db.Taints) {
+			return false
+		}
+		if reflect.ValueOf(da.Attributes).UnsafePointer() != reflect.ValueOf(db.Attributes).UnsafePointer() &&
+			!apiequality.Semantic.DeepEqual(da.Attributes, db.Attributes) {
+			return false
+		}
+	}
+	return true
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
@@ -174,5 +175,73 @@ func TestPackOrdersByPCIAddress(t *testing.T) {
 	devs := dra.Resources("n", pools, nil, true).Pools["n"].Slices[0].Devices
 	for i := 1; i < len(devs); i++ {
 		require.Less(t, devs[i-1].Name, devs[i].Name)
+	}
+}
+
+// A "pack" pool's VFs of one PF share a ResourceSlice when they fit, so
+// that a PF's link event changes one slice (the ResourceSlice controller
+// then updates that one alone, without bumping the pool's generation); a
+// "spread" pool interleaves the PFs in every slice (one VF per rail
+// first, whichever slice the scheduler reads first).
+func TestSlicesKeepAPFsVFsTogether(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, fixture.Generate(root, 5, 24)) // 120 VFs
+	for _, tc := range []struct {
+		policy      string
+		slicesPerPF int   // slices holding VFs of one PF
+		sizes       []int // devices per slice
+	}{
+		{pool.PolicyPack, 1, []int{48, 48, 24}}, // two whole PFs a slice, not 64 + 56
+		{pool.PolicySpread, 2, []int{64, 56}},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			pools := draPools(t, root, "dra.json")
+			pools[0].AllocationPolicy = tc.policy
+			slices := dra.Resources("n", pools, nil, true).Pools["n"].Slices
+			var sizes []int
+			inSlices := map[string]map[int]bool{} // PF bus → slices
+			for i, s := range slices {
+				sizes = append(sizes, len(s.Devices))
+				for _, d := range s.Devices {
+					pf := d.Name[:len("0000-10")]
+					if inSlices[pf] == nil {
+						inSlices[pf] = map[int]bool{}
+					}
+					inSlices[pf][i] = true
+				}
+			}
+			require.Equal(t, tc.sizes, sizes)
+			require.Len(t, inSlices, 5)
+			for pf, in := range inSlices {
+				require.Len(t, in, tc.slicesPerPF, "PF on bus %s", pf)
+			}
+		})
+	}
+}
+
+func TestSamePublication(t *testing.T) {
+	pools := draPools(t, fixtureRoot("dgx-h100"), "dra.json")
+	base := dra.Resources("n", pools, nil, true)
+	down := map[string]string{"0000:18:00.1": dra.ReasonPFLinkDown}
+	for _, tc := range []struct {
+		name  string
+		other resourceslice.DriverResources
+		same  bool
+	}{
+		{"same scan, same health", dra.Resources("n", pools, nil, true), true},
+		{"a rescan (new attribute maps, same values)", dra.Resources("n", draPools(t, fixtureRoot("dgx-h100"), "dra.json"), nil, true), true},
+		{"a VF tainted", dra.Resources("n", pools, down, true), false},
+		{"a VF left out", dra.Resources("n", pools, down, false), false},
+		{"another pool name", dra.Resources("m", pools, nil, true), false},
+		{"an attribute changed", func() resourceslice.DriverResources {
+			r := dra.Resources("n", draPools(t, fixtureRoot("dgx-h100"), "dra.json"), nil, true)
+			r.Pools["n"].Slices[0].Devices[3].Attributes["netdev"] = str("renamed0")
+			return r
+		}(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.same, dra.SamePublication(base, tc.other))
+			require.Equal(t, tc.same, dra.SamePublication(tc.other, base))
+		})
 	}
 }

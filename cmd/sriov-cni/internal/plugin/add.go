@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,25 +91,30 @@ func refuseHostNetns(path string) error {
 }
 
 // candidates are the VFs this attachment may use: the one the conf names,
-// or those of resourceName that the kubelet gave the pod.
+// or those of resourceName that the kubelet gave the pod, or (no
+// resourceName, or none of it) the pod's VFs of fastpath's DRA driver
+// (PodResources).
 func (p *Plugin) candidates(ctx context.Context, c *NetConf, args *skel.CmdArgs) ([]string, error) {
 	if id := c.deviceID(); id != "" {
 		return []string{id}, nil
-	}
-	if c.ResourceName == "" {
-		return nil, invalidConf("no deviceID: Multus passes the VF the device plugin allocated; without Multus, set resourceName so the plugin asks the kubelet which VF the pod holds")
 	}
 	var ka k8sArgs
 	if err := types.LoadArgs(args.Args, &ka); err != nil {
 		return nil, invalidEnv("CNI_ARGS: %v", err)
 	}
 	ns, pod := string(ka.K8S_POD_NAMESPACE), string(ka.K8S_POD_NAME)
+	if (ns == "" || pod == "") && c.ResourceName == "" {
+		return nil, invalidConf("no deviceID: Multus passes the VF the device plugin allocated; without Multus, set resourceName so the plugin asks the kubelet which VF the pod holds")
+	}
 	if ns == "" || pod == "" {
 		return nil, invalidEnv("resourceName needs K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS to find the pod's VF")
 	}
 	ids, err := p.NewPodResources(c.PodResourcesSocket).Devices(ctx, ns, pod, c.ResourceName)
 	if err != nil {
-		return nil, fmt.Errorf("ask the kubelet for pod %s/%s's %s: %w", ns, pod, c.ResourceName, err)
+		return nil, fmt.Errorf("ask the kubelet for pod %s/%s's %s: %w", ns, pod, cmp.Or(c.ResourceName, "VFs"), err)
+	}
+	if len(ids) == 0 && c.ResourceName == "" {
+		return nil, invalidConf("no deviceID, and pod %s/%s holds no VF of DRA driver %s: Multus passes the VF the device plugin allocated; without Multus, set resourceName so the plugin asks the kubelet which VF the pod holds", ns, pod, DRADriver)
 	}
 	if len(ids) == 0 {
 		return nil, invalidConf("pod %s/%s holds no %s device: request it in the pod's resources (limits: {%s: 1})", ns, pod, c.ResourceName, c.ResourceName)

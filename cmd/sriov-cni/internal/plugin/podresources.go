@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -15,7 +17,18 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
-// PodResources answers which devices of a resource a pod holds.
+// DRADriver is fastpath's DRA driver (cmd/rdma-device-plugin's
+// dra.DriverName). A VF it prepared for a claim is named, after the "="
+// of its CDI device, by its PCI address.
+const DRADriver = "rdma.fastpath-k8s.io"
+
+// PodResources answers which devices of a resource a pod holds: those the
+// device plugin of resource allocated to it, or, when it has none (or
+// resource is ""), the VFs of fastpath's DRA driver in its claims — the
+// case of a pod whose resources.limits the scheduler turned into a claim
+// (a DeviceClass with extendedResourceName): Multus v4.3.0 finds DRA
+// devices by claim name only, and that claim's name is generated, so it
+// passes no deviceID for the NetworkAttachmentDefinition's resourceName.
 type PodResources interface {
 	Devices(ctx context.Context, namespace, pod, resource string) ([]string, error)
 }
@@ -43,19 +56,40 @@ func (k kubeletPodResources) Devices(ctx context.Context, namespace, pod, resour
 	if err != nil {
 		return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("PodResources List on %s: %v", k.socket, err), "")
 	}
-	var ids []string
-	for _, p := range resp.GetPodResources() {
+	ids, vfs := podDevices(resp.GetPodResources(), namespace, pod, resource)
+	if len(ids) == 0 {
+		ids = vfs
+	}
+	sort.Strings(ids)
+	return slices.Compact(ids), nil
+}
+
+// podDevices are the devices of resource that the device plugin gave the
+// pod, and the VFs (PCI addresses) of fastpath's DRA driver in its claims.
+func podDevices(pods []*podresourcesapi.PodResources, namespace, pod, resource string) (ids, vfs []string) {
+	for _, p := range pods {
 		if p.GetNamespace() != namespace || p.GetName() != pod {
 			continue
 		}
 		for _, c := range p.GetContainers() {
 			for _, d := range c.GetDevices() {
-				if d.GetResourceName() == resource {
+				if resource != "" && d.GetResourceName() == resource {
 					ids = append(ids, d.GetDeviceIds()...)
+				}
+			}
+			for _, dr := range c.GetDynamicResources() {
+				for _, r := range dr.GetClaimResources() {
+					if r.GetDriverName() != DRADriver {
+						continue
+					}
+					for _, cdi := range r.GetCdiDevices() {
+						if _, addr, ok := strings.Cut(cdi.GetName(), "="); ok {
+							vfs = append(vfs, addr)
+						}
+					}
 				}
 			}
 		}
 	}
-	sort.Strings(ids)
-	return ids, nil
+	return ids, vfs
 }

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"path/filepath"
@@ -100,6 +101,69 @@ func TestAddResolvesVFThroughPodResources(t *testing.T) {
 	err = e.p.Add(args)
 	require.Equal(t, types.ErrInvalidEnvironmentVariables, CNIError(err).Code)
 
-	err = e.p.Add(e.args(e.conf(""), podNS, "c3", "net1"))
-	require.ErrorContains(t, err, "no deviceID")
+	args = e.args(e.conf(`"podResourcesSocket":"`+sock+`"`), podNS, "c3", "net1")
+	args.Args = "K8S_POD_NAMESPACE=default;K8S_POD_NAME=no-vf"
+	err = e.p.Add(args)
+	require.Equal(t, types.ErrInvalidNetworkConfig, CNIError(err).Code)
+	require.ErrorContains(t, err, "no deviceID, and pod default/no-vf holds no VF of DRA driver rdma.fastpath-k8s.io")
+}
+
+// dra is a container's claim with VFs of fastpath's DRA driver (and a GPU
+// of another driver), as the kubelet lists it.
+func dra(claim string, vfs ...string) *podresourcesapi.DynamicResource {
+	r := &podresourcesapi.ClaimResource{DriverName: DRADriver, PoolName: "node-a"}
+	for _, a := range vfs {
+		r.CdiDevices = append(r.CdiDevices, &podresourcesapi.CDIDevice{Name: DRADriver + "/vf=" + a})
+	}
+	gpu := &podresourcesapi.ClaimResource{DriverName: "gpu.nvidia.com", CdiDevices: []*podresourcesapi.CDIDevice{{Name: "k8s.gpu.nvidia.com/gpu=0000:19:00.0"}}}
+	return &podresourcesapi.DynamicResource{ClaimName: claim, ClaimNamespace: "default", ClaimResources: []*podresourcesapi.ClaimResource{gpu, r}}
+}
+
+// A pod whose resources.limits the scheduler served through DRA (a
+// DeviceClass with extendedResourceName) holds its VF in a claim with a
+// generated name: Multus passes no deviceID, and the NAD's resourceName
+// is no device plugin resource of the pod. The VFs are then the pod's VFs
+// of fastpath's DRA driver, and only those.
+func TestKubeletPodResourcesDRA(t *testing.T) {
+	withClaims := podWith("default", "trainer-0")
+	withClaims.Containers[1].DynamicResources = []*podresourcesapi.DynamicResource{dra("trainer-0-extended-resources-x7k2p", "0000:29:00.2", "0000:18:00.1")}
+	withClaims.Containers[0].DynamicResources = []*podresourcesapi.DynamicResource{dra("trainer-0-extended-resources-x7k2p", "0000:29:00.2", "0000:18:00.1")}
+	both := podWith("default", "both", &podresourcesapi.ContainerDevices{ResourceName: "mellanox.com/rails", DeviceIds: []string{"0000:3b:01.2"}})
+	both.Containers[1].DynamicResources = []*podresourcesapi.DynamicResource{dra("c", "0000:18:00.1")}
+	sock := serveKubelet(t, &kubelet{pods: []*podresourcesapi.PodResources{withClaims, both}})
+	for _, tc := range []struct {
+		pod, resource string
+		want          []string
+	}{
+		{"trainer-0", "", []string{"0000:18:00.1", "0000:29:00.2"}},                             // once each, though two containers list the claim
+		{"trainer-0", "mellanox.com/mlnx_sriov_rdma", []string{"0000:18:00.1", "0000:29:00.2"}}, // no device plugin device of it
+		{"both", "mellanox.com/rails", []string{"0000:3b:01.2"}},                                // the device plugin's first
+		{"both", "", []string{"0000:18:00.1"}},
+	} {
+		ids, err := NewKubeletPodResources(sock).Devices(context.Background(), "default", tc.pod, tc.resource)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, ids, "%s %q", tc.pod, tc.resource)
+	}
+}
+
+// The seed's NAD (no resourceName in its config) behind Multus, which
+// passes no deviceID for a VF the pod got through DRA: ADD attaches the
+// pod's VF of fastpath's DRA driver.
+func TestAddResolvesDRAVFWithoutResourceName(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	a := e.standIn("ens1f1v0")
+	p := podWith("default", "nccl-seed")
+	p.Containers[1].DynamicResources = []*podresourcesapi.DynamicResource{dra("nccl-seed-extended-resources-abcde", "0000:3b:01.2")}
+	sock := serveKubelet(t, &kubelet{pods: []*podresourcesapi.PodResources{p}})
+	e.p.NewPodResources = NewKubeletPodResources
+	conf := e.conf(`"podResourcesSocket":"` + sock + `"`)
+	podNS := e.pod()
+	args := e.args(conf, podNS, "c1", "net1")
+	args.Args = "K8S_POD_NAMESPACE=default;K8S_POD_NAME=nccl-seed"
+	var out bytes.Buffer
+	e.p.Stdout = &out
+	require.NoError(t, e.p.Add(args))
+	require.Contains(t, out.String(), `"pciID": "0000:3b:01.2"`)
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(a, "0000:3b:01.2")
 }
