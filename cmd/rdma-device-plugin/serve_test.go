@@ -62,9 +62,7 @@ func regfloorBinary(t testing.TB) string {
 func TestMain(m *testing.M) {
 	code := testnet.Main(m)
 	testbin.Cleanup()
-	if benchHost != "" {
-		os.RemoveAll(benchHost)
-	}
+	benchHost.Remove()
 	os.Exit(code)
 }
 

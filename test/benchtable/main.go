@@ -4,6 +4,12 @@
 // top. Lines that are not benchmark results pass through to stderr, so a
 // failing benchmark is still seen.
 //
+// A benchmark that measures itself against a floor in the same run
+// reports x-<floor>, the ratio, and beside it <floor>-<unit> for one of
+// its own units (the floor's figure) and, if it has one, goal-x-<floor>.
+// Those rows come again in a second table, each as the measure, fastpath's
+// figure, the floor's, the ratio and the goal.
+//
 //	go test -run '^$' -bench . -benchmem ./... | go run ./test/benchtable
 package main
 
@@ -22,6 +28,7 @@ import (
 type row struct {
 	pkg, name string
 	values    map[string]string
+	nums      map[string]float64
 }
 
 func main() {
@@ -103,6 +110,7 @@ func run(in io.Reader, out, errOut io.Writer) error {
 		}
 		fmt.Fprintf(out, "| %s | %s | %s |\n", shortPkg(r.pkg), r.name, strings.Join(vals, " | "))
 	}
+	writeRatios(out, rows)
 	if failed {
 		return fmt.Errorf("a benchmark failed (see above)")
 	}
@@ -127,13 +135,14 @@ func parse(line string) (row, bool) {
 			name = name[:i]
 		}
 	}
-	r := row{name: name, values: map[string]string{}}
+	r := row{name: name, values: map[string]string{}, nums: map[string]float64{}}
 	for i := 2; i+1 < len(f); i += 2 {
 		v, err := strconv.ParseFloat(f[i], 64)
 		if err != nil {
 			return row{}, false
 		}
 		r.values[f[i+1]] = format(v)
+		r.nums[f[i+1]] = v
 	}
 	return r, true
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/fixture/genhost"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
 )
 
@@ -22,33 +22,13 @@ import (
 // DRA pool of testdata/config/dra.json: 16 ResourceSlices of 64 devices.
 // The API server is client-go's simple fake clientset (in memory, no field
 // management), the kubelet side is real gRPC on the plugin's unix sockets.
-const benchPFs, benchVFsPerPF = 16, 64
+var benchHost = genhost.Host{PFs: 16, VFsPerPF: 64}
 
-var (
-	benchHostOnce sync.Once
-	benchHost     string
-	benchHostErr  error
-)
-
-func largeHost(b *testing.B) string {
-	b.Helper()
-	benchHostOnce.Do(func() {
-		benchHost, benchHostErr = os.MkdirTemp("", "fastpath-dra-host-")
-		if benchHostErr == nil {
-			benchHostErr = fixture.Generate(benchHost, benchPFs, benchVFsPerPF)
-		}
-	})
-	if benchHostErr != nil {
-		b.Fatalf("generate a %dx%d-VF host: %v", benchPFs, benchVFsPerPF, benchHostErr)
-	}
-	return benchHost
-}
+func largeHost(b *testing.B) string { return benchHost.Root(b) }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if benchHost != "" {
-		os.RemoveAll(benchHost)
-	}
+	benchHost.Remove()
 	os.Exit(code)
 }
 
@@ -113,7 +93,7 @@ func BenchmarkPublishResources(b *testing.B) {
 			w.until(b, "all 1024 devices", func(s *resourceapi.ResourceSlice) bool {
 				total += len(s.Spec.Devices) - seen[s.Name]
 				seen[s.Name] = len(s.Spec.Devices)
-				return total == benchPFs*benchVFsPerPF
+				return total == benchHost.VFs()
 			})
 			b.StopTimer()
 			d.Stop()
@@ -124,8 +104,8 @@ func BenchmarkPublishResources(b *testing.B) {
 		e.simpleAPI()
 		w := newSliceWatch(b, e)
 		e.start(b)
-		w.until(b, "the last slice", func(s *resourceapi.ResourceSlice) bool { return s.Spec.Pool.ResourceSliceCount == benchPFs })
-		e.waitSlices(b, "1024 VFs", func(d map[string]resourceapi.Device) bool { return len(d) == benchPFs*benchVFsPerPF })
+		w.until(b, "the last slice", func(s *resourceapi.ResourceSlice) bool { return s.Spec.Pool.ResourceSliceCount == int64(benchHost.PFs) })
+		e.waitSlices(b, "1024 VFs", func(d map[string]resourceapi.Device) bool { return len(d) == benchHost.VFs() })
 		up := true
 		b.ReportAllocs()
 		latency.Measure(b, func() time.Duration {
@@ -133,13 +113,13 @@ func BenchmarkPublishResources(b *testing.B) {
 			start := time.Now()
 			e.links.C <- plugin.LinkEvent{Name: "ibp16s0", Up: up} // PF 0 of the generated host
 			// PF 0's 64 VFs are 4 in each of the 16 slices ("spread").
-			want := map[bool]int{true: 0, false: benchVFsPerPF / benchPFs}[up]
+			want := map[bool]int{true: 0, false: benchHost.VFsPerPF / benchHost.PFs}[up]
 			done := map[string]bool{}
 			w.until(b, fmt.Sprintf("PF 0 up=%v in every slice", up), func(s *resourceapi.ResourceSlice) bool {
 				if taintedIn(s) == want {
 					done[s.Name] = true
 				}
-				return len(done) == benchPFs
+				return len(done) == benchHost.PFs
 			})
 			return time.Since(start)
 		})

@@ -16,6 +16,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/fixture/genhost"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
 	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
@@ -75,13 +76,13 @@ func BenchmarkAllocate(b *testing.B) {
 	}
 }
 
+// largeHost is the generated 1024-VF host: 8 PFs with 128 VFs each.
+var largeHost = genhost.Host{PFs: 8, VFsPerPF: 128}
+
 var (
-	largeOnce  sync.Once
-	largeRoot  string
-	largeErr   error
-	largeSnap  *nic.Snapshot
-	largePFs   = 8
-	largeVFsPF = 128
+	largeSnapOnce sync.Once
+	largeSnap     *nic.Snapshot
+	largeErr      error
 )
 
 // largePools are the pools of a generated host of 8 PFs with 128 VFs each
@@ -90,17 +91,10 @@ var (
 // (shared).
 func largePools(tb testing.TB) []pool.Pool {
 	tb.Helper()
-	largeOnce.Do(func() {
-		if largeRoot, largeErr = os.MkdirTemp("", "fastpath-plugin-host-"); largeErr != nil {
-			return
-		}
-		if largeErr = fixture.Generate(largeRoot, largePFs, largeVFsPF); largeErr != nil {
-			return
-		}
-		largeSnap, largeErr = nic.NewScanner(largeRoot).Scan()
-	})
+	root := largeHost.Root(tb)
+	largeSnapOnce.Do(func() { largeSnap, largeErr = nic.NewScanner(root).Scan() })
 	if largeErr != nil {
-		tb.Fatalf("generate a %dx%d-VF host: %v", largePFs, largeVFsPF, largeErr)
+		tb.Fatalf("scan the generated host: %v", largeErr)
 	}
 	rails := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "rails", Kind: pool.Exclusive, AllocationPolicy: pool.PolicySpread, NCCLEnv: true}}
 	storage := pool.Pool{Resource: pool.Resource{Prefix: "mellanox.com", Name: "storage", Kind: pool.Shared, RdmaHcaMax: 63}}
@@ -111,17 +105,15 @@ func largePools(tb testing.TB) []pool.Pool {
 			storage.Devices = append(storage.Devices, d)
 		}
 	}
-	if len(rails.Devices) != largePFs*largeVFsPF {
-		tb.Fatalf("%d VFs, want %d", len(rails.Devices), largePFs*largeVFsPF)
+	if len(rails.Devices) != largeHost.VFs() {
+		tb.Fatalf("%d VFs, want %d", len(rails.Devices), largeHost.VFs())
 	}
 	return []pool.Pool{rails, storage}
 }
 
 func TestMain(m *testing.M) {
 	code := testnet.Main(m)
-	if largeRoot != "" {
-		os.RemoveAll(largeRoot)
-	}
+	largeHost.Remove()
 	os.Exit(code)
 }
 

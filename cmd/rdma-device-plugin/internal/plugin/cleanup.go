@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"runtime"
 	"runtime/debug"
 
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
@@ -10,12 +11,18 @@ import (
 // knows the pools, so that it does not delay them: giving the first scan's
 // garbage back to the OS, each pool's CDI spec (until it is written
 // Allocate returns DeviceSpecs and no CDI names), the leftovers of a
-// killed run. The memory goes back before the specs are built, so that
-// they reuse the scan's pages instead of adding to the peak, and again
-// after.
+// killed run. The scan's garbage is collected before the specs are
+// built, so that they reuse its pages instead of adding to the peak, and
+// all of it goes back to the OS after. Only once: returning the pages
+// before the specs only had the specs fault them in again, and each
+// forced release in this round is a stall for the Allocates the kubelet
+// sends right after registration, longer the larger the host (the
+// 1024-VF host's p99 against the DGX's, BenchmarkDaemonAllocate).
 func (m *Manager) afterFirstRegistration() {
 	m.registeredOnce = true
-	m.releaseMemory()
+	if m.opts.ReleaseMemory {
+		runtime.GC()
+	}
 	for r, s := range m.servers {
 		v := s.served()
 		if v.cdi = m.writeCDISpec(r, &v.pool); v.cdi {
