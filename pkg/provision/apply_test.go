@@ -310,3 +310,18 @@ spec: {resourceName: r, numVfs: 2, isRdma: true, nicSelector: {pfNames: [ibp16s0
 	require.Equal(t, "02:00:00:00:00:00:00:aa", plan.PFs[0].Steps[2].GUID.String())
 	require.Equal(t, provision.DeriveGUID([]byte{0xb8, 0x3f, 0xd2, 0x03, 0, 0x10, 0, 0}, 1).String(), plan.PFs[0].Steps[5].GUID.String())
 }
+
+func TestDeriveGUID(t *testing.T) {
+	seen := map[string]bool{}
+	for bus := 0x10; bus < 0x18; bus++ {
+		pf := []byte{0xb8, 0x3f, 0xd2, 0x03, 0, byte(bus), 0, 0}
+		for vf := 0; vf < 128; vf++ {
+			g := provision.DeriveGUID(pf, vf)
+			require.Len(t, g, 8)
+			require.Equal(t, byte(0x02), g[0]&0x03, "locally administered, not a group address")
+			require.Equal(t, g, provision.DeriveGUID(pf, vf), "stable")
+			require.False(t, seen[g.String()], "unique")
+			seen[g.String()] = true
+		}
+	}
+}
