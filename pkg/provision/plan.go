@@ -284,11 +284,27 @@ func (pf *PF) Summary() string {
 	case len(pf.Steps) == 0:
 		return "up to date"
 	}
-	var kinds []string
+	count := map[StepKind]int{}
 	for _, s := range pf.Steps {
-		if len(kinds) == 0 || kinds[len(kinds)-1] != string(s.Kind) {
-			kinds = append(kinds, string(s.Kind))
+		count[s.Kind]++
+	}
+	var parts []string
+	if count[StepMTU] > 0 {
+		parts = append(parts, fmt.Sprintf("MTU %d", pf.MTU))
+	}
+	switch {
+	case count[StepNumVFs] == 2:
+		parts = append(parts, fmt.Sprintf("sriov_numvfs %d -> 0 -> %d", pf.NumVFs, pf.Want))
+	case count[StepNumVFs] == 1:
+		parts = append(parts, fmt.Sprintf("sriov_numvfs %d -> %d", pf.NumVFs, pf.Want))
+	}
+	for _, k := range []struct {
+		kind StepKind
+		name string
+	}{{StepUnbind, "unbind"}, {StepGUID, "GUID"}, {StepBind, "bind"}} {
+		if n := count[k.kind]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, k.name))
 		}
 	}
-	return fmt.Sprintf("%d steps: %s", len(pf.Steps), strings.Join(kinds, ", "))
+	return fmt.Sprintf("%d steps: %s", len(pf.Steps), strings.Join(parts, ", "))
 }

@@ -11,7 +11,7 @@ import (
 )
 
 func TestLoadSeedPolicy(t *testing.T) {
-	ps, err := provision.Load("testdata/seed.yaml")
+	ps, err := provision.Load("../../testdata/policy/seed.yaml")
 	require.NoError(t, err)
 	require.Len(t, ps, 1)
 	p := ps[0]
