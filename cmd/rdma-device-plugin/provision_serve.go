@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
@@ -24,27 +25,29 @@ const provisionRetry = 30 * time.Second
 // counts in metrics, and returns the pools the policies feed. A PF it
 // cannot change now is logged and retried in the background until ctx
 // ends; only a policy file that does not load stops the start.
-func provisionAtStart(ctx context.Context, p *provisioner, prefix string, metrics *plugin.Metrics) ([]pool.Resource, error) {
+func provisionAtStart(ctx context.Context, p *provisioner, prefix string, metrics *plugin.Metrics) ([]pool.Resource, *nic.Snapshot, error) {
 	policies, err := provision.Load(p.flags.policy)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	p.policies = policies
 	start := time.Now()
-	plan, pending := p.once(ctx, metrics)
+	plan, snap, pending := p.once(ctx, metrics)
 	p.log.Info("provisioned", "policies", len(policies), "pfs", len(plan.PFs), "duration", time.Since(start).String())
 	if pending {
 		go p.retry(ctx, metrics)
 	}
-	return provision.Resources(plan, prefix), nil
+	return provision.Resources(plan, prefix), snap, nil
 }
 
 // once plans and applies; pending says whether something is left to do.
-func (p *provisioner) once(ctx context.Context, metrics *plugin.Metrics) (*provision.Plan, bool) {
-	plan, _, err := p.plan(ctx)
+// The scan it planned from is returned when nothing was written: it is
+// still the node as it is.
+func (p *provisioner) once(ctx context.Context, metrics *plugin.Metrics) (*provision.Plan, *nic.Snapshot, bool) {
+	plan, snap, err := p.plan(ctx)
 	if err != nil {
 		p.log.Error("provision: plan failed", "err", err)
-		return &provision.Plan{Policies: p.policies}, true
+		return &provision.Plan{Policies: p.policies}, nil, true
 	}
 	for _, w := range plan.Warnings {
 		p.log.Warn("provision", "warning", w)
@@ -70,7 +73,10 @@ func (p *provisioner) once(ctx context.Context, metrics *plugin.Metrics) (*provi
 	for _, pf := range plan.PFs {
 		metrics.SetVFs(pf.Address, pf.Policy, pf.Want, p.numVFs(pf.Address))
 	}
-	return plan, pending
+	if plan.Changes() > 0 {
+		snap = nil
+	}
+	return plan, snap, pending
 }
 
 // numVFs reads a PF's sriov_numvfs now, -1 when it cannot.
@@ -97,7 +103,7 @@ func (p *provisioner) retry(ctx context.Context, metrics *plugin.Metrics) {
 			return
 		case <-t.C:
 		}
-		if _, pending := p.once(ctx, metrics); !pending {
+		if _, _, pending := p.once(ctx, metrics); !pending {
 			p.log.Info("provision: every PF is as its policy says")
 			return
 		}

@@ -120,8 +120,9 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	// VFs do not survive a reboot: the policies' VFs are created before
 	// the first scan, so that the pools have them when registered.
 	var policyPools []pool.Resource
+	var provisioned *nic.Snapshot
 	if f.provision.policy != "" {
-		if policyPools, err = provisionAtStart(ctx, newProvisioner(f, log), f.resourcePrefix, metrics); err != nil {
+		if policyPools, provisioned, err = provisionAtStart(ctx, newProvisioner(f, log), f.resourcePrefix, metrics); err != nil {
 			return err
 		}
 	}
@@ -129,6 +130,10 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// A provisioning that wrote nothing scanned the node as it is: the
+	// first scan is that one, not a second (re-applying at start then
+	// only adds the plan's few reads).
+	src.UseSnapshot(provisioned)
 	// The plugin runs in the node's network namespace (hostNetwork).
 	src.DefaultRoutes = func() ([]string, error) { return plugin.DefaultRouteNetdevs(nil) }
 	// The first scan is made here, before anything is served, so that a

@@ -33,6 +33,9 @@ type Source struct {
 	mu       sync.Mutex // guards the fields below
 	cfg      *pool.Config
 	lastWarn string
+	// next is a scan made just before (UseSnapshot), taken by the next
+	// Scan instead of scanning again.
+	next *nic.Snapshot
 	// pooled are the VFs of the last scan's pools, by PCI address, for
 	// inPod.
 	pooled map[string]*nic.Device
@@ -108,7 +111,11 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 			routesc <- routes{names, err}
 		}()
 	}
-	snap, err := s.scanner.Scan()
+	snap, err := s.next, error(nil)
+	s.next = nil
+	if snap == nil {
+		snap, err = s.scanner.Scan()
+	}
 	var r routes
 	if routesc != nil {
 		r = <-routesc
@@ -158,6 +165,15 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 		}
 	}
 	return Scan{Pools: pools, RDMACM: snap.RDMACM, Interval: s.cfg.PeriodicUpdateInterval, NoNetdev: noNetdev}, nil
+}
+
+// UseSnapshot makes the next Scan take snap, a scan of the node made a
+// moment ago (provisioning's, when it changed nothing), instead of
+// scanning again.
+func (s *Source) UseSnapshot(snap *nic.Snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next = snap
 }
 
 // inPod gives a VF that a CNI moved into a pod what the last scan saw of
