@@ -53,10 +53,7 @@ func (d *demo) provision(ctx context.Context, bin, policy string) error {
 	}
 	provArgs := []string{"provision", "--policy", policy, "--host-root", host, "--provision-state-dir", state,
 		"--pod-resources-socket", "", "--cni-state-dir", ""}
-	firstPF := func(l string) bool {
-		return strings.HasPrefix(l, "PF ") || strings.HasPrefix(l, "0000:18:00.0") || strings.HasPrefix(l, "   ") || strings.HasPrefix(l, "  1") || strings.HasPrefix(l, "  2")
-	}
-	if err := show("provision --dry-run   (rows of every PF, steps of the first)", onlyFirstSteps(firstPF), append(provArgs, "--dry-run")...); err != nil {
+	if err := show("provision --dry-run   (the PFs, then the first PF's first steps)", firstSteps(), append(provArgs, "--dry-run")...); err != nil {
 		return err
 	}
 
@@ -87,7 +84,7 @@ func (d *demo) provision(ctx context.Context, bin, policy string) error {
 		return err
 	}
 	vfRow := func(l string) bool {
-		return strings.Contains(l, "vf0 0000:18:00.1") || strings.Contains(l, "vf7 0000:18:00.8")
+		return strings.Contains(l, "vf0 0000:18:00.1") || strings.Contains(l, "vf7 0000:18:01.0")
 	}
 	if err := show("discover   (two VFs of rail 0)", vfRow, discoverArgs...); err != nil {
 		return err
@@ -95,19 +92,20 @@ func (d *demo) provision(ctx context.Context, bin, policy string) error {
 	return show("provision   (again: idempotent)", func(l string) bool { return strings.Contains(l, "nothing") || strings.HasPrefix(l, "0000:18:00.0") }, provArgs...)
 }
 
-// onlyFirstSteps keeps what keep keeps, and of the steps only the first
-// PF's first lines.
-func onlyFirstSteps(keep func(string) bool) func(string) bool {
-	inSteps, seen := false, 0
+// firstSteps keeps the plan's table and the first steps of its first PF.
+func firstSteps() func(string) bool {
+	section, steps := 0, 0
 	return func(l string) bool {
 		switch {
 		case strings.HasSuffix(l, " would:"):
-			inSteps = strings.HasPrefix(l, "0000:18:00.0")
-			return inSteps
-		case strings.HasPrefix(l, "  ") && inSteps:
-			seen++
-			return seen <= 6
+			section++
+			return section == 1
+		case section == 0:
+			return strings.HasPrefix(l, "PF ") || strings.HasPrefix(l, "0000:")
+		case section == 1 && strings.HasPrefix(l, "  "):
+			steps++
+			return steps <= 6
 		}
-		return keep(l) && !strings.HasPrefix(l, "   ")
+		return false
 	}
 }
