@@ -124,12 +124,18 @@ func BenchmarkDaemonStart(b *testing.B) {
 		host  func(*testing.B) string
 		floor bool
 		list  bool
+		args  []string
 	}{
-		{"host=dgx", func(*testing.B) string { return fixture("dgx-h100") }, false, false},
-		{"host=vfs1024", largeHost, false, false},
-		{"host=none/floor", nil, true, false},
-		{"host=vfs1024/floor", largeHost, true, false},
-		{"host=vfs1024/floor+list", largeHost, true, true},
+		{"host=dgx", func(*testing.B) string { return fixture("dgx-h100") }, false, false, nil},
+		// The seed's policy re-applied at start on a node whose 8 VFs per
+		// rail already match it, against the same node without --policy.
+		{"host=dgx8", func(b *testing.B) string { return provisionedHost(b) }, false, false, nil},
+		{"host=dgx8/policy", func(b *testing.B) string { return provisionedHost(b) }, false, false,
+			[]string{"--policy", seedPolicy(), "--provision-state-dir", "/nonexistent/fastpath-bench", "--cni-state-dir", ""}},
+		{"host=vfs1024", largeHost, false, false, nil},
+		{"host=none/floor", nil, true, false, nil},
+		{"host=vfs1024/floor", largeHost, true, false, nil},
+		{"host=vfs1024/floor+list", largeHost, true, true, nil},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			host := ""
@@ -140,7 +146,7 @@ func BenchmarkDaemonStart(b *testing.B) {
 			if tc.floor {
 				d = startRegFloor(b, host, tc.list)
 			} else {
-				d = startDaemonWith(b, daemonOpts{host: host, config: config("combined.json"), hostNetns: true})
+				d = startDaemonWith(b, daemonOpts{host: host, config: config("combined.json"), hostNetns: true, args: tc.args})
 			}
 			d.registrations(soakPools...)
 			d.stop()
