@@ -18,6 +18,7 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
 // discoverReport is what `discover -o json` prints.
@@ -25,6 +26,9 @@ type discoverReport struct {
 	Devices  []deviceReport `json:"devices"`
 	Pools    []poolReport   `json:"pools"`
 	Warnings []string       `json:"warnings"`
+	// Provisioning is what --policy's SriovNetworkNodePolicies would do
+	// to each PF they select.
+	Provisioning []pfReport `json:"provisioning,omitempty"`
 }
 
 // deviceReport is one device as discover prints it: charDevices are the
@@ -61,8 +65,9 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(configPath, "config-file", "", "the same as --config")
 	prefix := fs.String("resource-prefix", pool.DefaultExclusivePrefix, "resource prefix of resourceList pools that give none (configList pools: "+pool.DefaultSharedPrefix+")")
 	output := fs.String("o", "table", "output format: table or json")
+	policyPath := fs.String("policy", "", "SriovNetworkNodePolicy file: show which policy owns each PF, what it wants, and its pools")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [--resource-prefix P] [-o table|json]\n\n"+
+		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [--policy FILE] [--resource-prefix P] [-o table|json]\n\n"+
 			"Shows the node's Mellanox/NVIDIA NIC functions (PF -> VFs -> netdev -> RDMA device -> char devices)\n"+
 			"and, with --config, which pool gets which device.\n\n")
 		fs.PrintDefaults()
@@ -87,9 +92,27 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		cfg = c
 	}
+	var plan *provision.Plan
+	if *policyPath != "" {
+		policies, err := provision.Load(*policyPath)
+		if err != nil {
+			return err
+		}
+		snap, err := nic.NewScanner(*hostRoot).Scan()
+		if err != nil {
+			return fmt.Errorf("discover %s: %w", *hostRoot, err)
+		}
+		plan = provision.NewPlan(policies, provision.Node{Root: *hostRoot, Snapshot: snap})
+		cfg = provision.Merge(cfg, provision.Resources(plan, *prefix))
+	}
 	report, err := discover(*hostRoot, cfg)
 	if err != nil {
 		return err
+	}
+	if plan != nil {
+		pr := planReport(plan)
+		report.Provisioning = pr.PFs
+		report.Warnings = append(report.Warnings, pr.Warnings...)
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
@@ -178,9 +201,19 @@ func writeTable(w io.Writer, r *discoverReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, d.Model, dash(d.Driver), numa(d.NUMANode),
 			dash(d.PCIeRoot), dash(d.Netdev), dash(d.LinkType), dash(d.RDMADevice), charDevs(d), dash(strings.Join(poolsOf[d.PCIAddress], ",")))
 	}
+	owner := map[string]pfReport{}
+	for _, p := range r.Provisioning {
+		owner[p.PF] = p
+	}
 	for _, pf := range pfs {
 		name := pf.PCIAddress
-		if pf.TotalVFs > 0 {
+		o, owned := owner[pf.PCIAddress]
+		switch {
+		case owned && o.Want != pf.NumVFs:
+			name += fmt.Sprintf(" (%d/%d VFs, policy %s wants %d)", pf.NumVFs, pf.TotalVFs, o.Policy, o.Want)
+		case owned:
+			name += fmt.Sprintf(" (%d/%d VFs, policy %s)", pf.NumVFs, pf.TotalVFs, o.Policy)
+		case pf.TotalVFs > 0:
 			name += fmt.Sprintf(" (%d/%d VFs)", pf.NumVFs, pf.TotalVFs)
 		}
 		row(name, pf)

@@ -7,13 +7,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/doctor"
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
 	"github.com/fastpath-k8s/fastpath/internal/version"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
 // exitError ends the process with a status of its own (doctor: 1 for
@@ -56,6 +59,7 @@ func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error
 	pid := fs.Int("pod", 0, "PID of a process in the pod's container to inspect (run on the node, as root)")
 	ncclLog := fs.String("nccl-log", "", "an NCCL_DEBUG=INFO log to explain")
 	output := fs.String("o", "table", "output format: table or json")
+	policyPath := fs.String("policy", "", "SriovNetworkNodePolicy file: say where the node and the policies disagree, and why")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, doctorUsage)
 		fs.PrintDefaults()
@@ -93,6 +97,18 @@ func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error
 			o.ConfigPath = "" // the default is not there: no config
 		default:
 			o.ConfigErr = err
+		}
+	}
+	if *policyPath != "" {
+		ps, err := provision.Load(*policyPath)
+		if err != nil {
+			return usage("%v", err)
+		}
+		p := &provisioner{flags: provisionFlags{policy: *policyPath, stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir},
+			hostRoot: *hostRoot, podResources: plugin.DefaultPodResourcesSocket, dra: draPrepared(draFlags{}),
+			log: slog.New(slog.DiscardHandler), policies: ps}
+		if plan, _, err := p.plan(context.Background()); err == nil {
+			o.Plan, o.PolicyPath = plan, *policyPath
 		}
 	}
 	if doctor.SameKernel(*hostRoot) {

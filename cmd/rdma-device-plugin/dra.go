@@ -131,3 +131,13 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	}
 	return client, nil
 }
+
+// draPrepared names the VFs of prepared DRA claims (the checkpoint in
+// the DRA plugin directory), which provisioning must not take away.
+func draPrepared(f draFlags) func() (map[string]string, error) {
+	dir := f.pluginDir
+	if dir == "" {
+		dir = dra.DefaultPluginDir
+	}
+	return func() (map[string]string, error) { return dra.PreparedVFs(dir) }
+}

@@ -36,3 +36,6 @@ func startDRA(ctx context.Context, _ draFlags, _, _, _ string, first plugin.Scan
 	}
 	return ctx, watchConfig(scan, log, draNeeded), &draHook{}, nil
 }
+
+// draPrepared is nil: this build prepares no DRA claims.
+func draPrepared(draFlags) func() (map[string]string, error) { return nil }

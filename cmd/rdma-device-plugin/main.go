@@ -4,6 +4,7 @@
 //	rdma-device-plugin [flags]              serve the pools to the kubelet
 //	rdma-device-plugin discover [flags]     print what the node has
 //	rdma-device-plugin doctor [flags]       say why NCCL would not use RDMA here
+//	rdma-device-plugin provision [flags]    create the VFs SriovNetworkNodePolicies ask for
 package main
 
 import (
@@ -45,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return runDiscover(ctx, args[1:], stdout, stderr)
 		case "doctor":
 			return runDoctor(ctx, args[1:], stdout, stderr)
+		case "provision":
+			return runProvision(ctx, args[1:], stdout, stderr)
 		case "serve":
 			return runServe(ctx, args[1:], stdout, stderr)
 		}

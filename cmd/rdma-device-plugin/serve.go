@@ -35,6 +35,7 @@ type serveFlags struct {
 	config, resourcePrefix, hostRoot, nodeRoot, kubeletDir, podResources, devInfoDir, cdiDir, metricsAddr, logLevel string
 	useCDI, version                                                                                                 bool
 	dra                                                                                                             draFlags
+	provision                                                                                                       provisionFlags
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -74,6 +75,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	registerDRAFlags(fs, &f.dra)
+	registerProvisionFlags(fs, &f.provision)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rdma-device-plugin [flags]            serve the pools to the kubelet\n"+
 			"       rdma-device-plugin discover [flags]   show what the node has (see discover -h)\n\n")
@@ -86,7 +88,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q (subcommands: discover)", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q (subcommands: discover, doctor, provision)", fs.Arg(0))
 	}
 	if f.useCDI && f.cdiDir == "" {
 		f.cdiDir = defaultCDIDir
@@ -113,10 +115,25 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		return err
 	}
 	defer watch.Close() // Run closes it too; this is for a start that fails first
-	src, err := plugin.NewSource(f.config, nic.NewScanner(f.hostRoot), log, pool.WithResourcePrefix(f.resourcePrefix))
+	build := version.Get()
+	metrics := plugin.NewMetrics(build)
+	// VFs do not survive a reboot: the policies' VFs are created before
+	// the first scan, so that the pools have them when registered.
+	var policyPools []pool.Resource
+	var provisioned *nic.Snapshot
+	if f.provision.policy != "" {
+		if policyPools, provisioned, err = provisionAtStart(ctx, newProvisioner(f, log), f.resourcePrefix, metrics); err != nil {
+			return err
+		}
+	}
+	src, err := plugin.NewSourceWith(f.config, policyPools, nic.NewScanner(f.hostRoot), log, pool.WithResourcePrefix(f.resourcePrefix))
 	if err != nil {
 		return err
 	}
+	// A provisioning that wrote nothing scanned the node as it is: the
+	// first scan is that one, not a second (re-applying at start then
+	// only adds the plan's few reads).
+	src.UseSnapshot(provisioned)
 	// The plugin runs in the node's network namespace (hostNetwork).
 	src.DefaultRoutes = func() ([]string, error) { return plugin.DefaultRouteNetdevs(nil) }
 	// The first scan is made here, before anything is served, so that a
@@ -137,8 +154,6 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		return err
 	}
 	defer draHook.stop() // also when something below fails to start
-	build := version.Get()
-	metrics := plugin.NewMetrics(build)
 	var held plugin.PodDevices
 	if f.podResources != "" {
 		held = plugin.KubeletPodResources{Socket: f.podResources}

@@ -28,6 +28,7 @@ import (
 	"github.com/fastpath-k8s/fastpath/internal/testbin"
 	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
 // The daemon's packages; the binaries the tests and benchmarks run are
@@ -573,7 +574,8 @@ func TestServeStartupErrors(t *testing.T) {
 func TestServeFlags(t *testing.T) {
 	want := func(mod func(f *serveFlags)) serveFlags {
 		f := serveFlags{config: defaultConfig, resourcePrefix: "mellanox.com", hostRoot: "/", nodeRoot: "/", podResources: "/var/lib/kubelet/pod-resources/kubelet.sock", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
-			metricsAddr: defaultMetrics, logLevel: "info", dra: defaultDRAFlags()}
+			metricsAddr: defaultMetrics, logLevel: "info", dra: defaultDRAFlags(),
+			provision: provisionFlags{stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir, timeout: provision.DefaultTimeout}}
 		if mod != nil {
 			mod(&f)
 		}
@@ -590,6 +592,9 @@ func TestServeFlags(t *testing.T) {
 		{"cdi dir", []string{"-use-cdi", "-cdi-spec-dir", "/etc/cdi"}, want(func(f *serveFlags) { f.useCDI, f.cdiDir = true, "/etc/cdi" })},
 		{"roots", []string{"--host-root=/host", "--node-root=/"}, want(func(f *serveFlags) { f.hostRoot = "/host" })},
 		{"resource-prefix", []string{"--resource-prefix=nvidia.com"}, want(func(f *serveFlags) { f.resourcePrefix = "nvidia.com" })},
+		{"policy", []string{"--policy=/etc/fastpath/policy.yaml", "--node-labels=a=b"}, want(func(f *serveFlags) {
+			f.provision.policy, f.provision.nodeLabels = "/etc/fastpath/policy.yaml", "a=b"
+		})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, err := parseServeFlags(tc.args, io.Discard)

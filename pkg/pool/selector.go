@@ -191,30 +191,40 @@ func vfSets(v *value, pciAddr bool) ([]VFSet, error) {
 	}
 	out := make([]VFSet, 0, len(list))
 	for i, s := range list {
-		at := fmt.Sprintf("%s[%d]", v.path, i)
-		pf, spec, hasRange := strings.Cut(s, "#")
-		set := VFSet{PF: pf}
-		if pciAddr {
-			set.PF = strings.ToLower(pf)
-			if !pci.ValidAddress(set.PF) {
-				return nil, fmt.Errorf("%s: %q: %q is not a PCI address (rootDevices takes the PF's DDDD:BB:DD.F; interface names go in pfNames)", at, s, pf)
-			}
-		} else {
-			if pci.ValidAddress(strings.ToLower(pf)) {
-				return nil, fmt.Errorf("%s: %q is a PCI address: put it in rootDevices; pfNames takes the PF's netdev name", at, s)
-			}
-			if err := ifname.Check(pf); err != nil {
-				return nil, fmt.Errorf("%s: %q: %w", at, s, err)
-			}
-		}
-		if hasRange {
-			if set.Ranges, err = ranges(spec); err != nil {
-				return nil, fmt.Errorf("%s: %q: %w", at, s, err)
-			}
+		set, err := ParseVFSet(s, pciAddr)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", v.path, i, err)
 		}
 		out = append(out, set)
 	}
 	return out, nil
+}
+
+// ParseVFSet parses one pfNames entry ("ens2f0", "ens2f0#0-11") or, with
+// pciAddr, one rootDevices entry ("0000:86:00.0#0,2-7").
+func ParseVFSet(s string, pciAddr bool) (VFSet, error) {
+	pf, spec, hasRange := strings.Cut(s, "#")
+	set := VFSet{PF: pf}
+	if pciAddr {
+		set.PF = strings.ToLower(pf)
+		if !pci.ValidAddress(set.PF) {
+			return set, fmt.Errorf("%q: %q is not a PCI address (rootDevices takes the PF's DDDD:BB:DD.F; interface names go in pfNames)", s, pf)
+		}
+	} else {
+		if pci.ValidAddress(strings.ToLower(pf)) {
+			return set, fmt.Errorf("%q is a PCI address: put it in rootDevices; pfNames takes the PF's netdev name", s)
+		}
+		if err := ifname.Check(pf); err != nil {
+			return set, fmt.Errorf("%q: %w", s, err)
+		}
+	}
+	if hasRange {
+		var err error
+		if set.Ranges, err = ranges(spec); err != nil {
+			return set, fmt.Errorf("%q: %w", s, err)
+		}
+	}
+	return set, nil
 }
 
 // maxVFIndex is above any PF's sriov_totalvfs.

@@ -43,6 +43,7 @@ func main() {
 	host := flag.String("host-root", "testdata/sysfs/dgx-h100", "fixture host to serve")
 	config := flag.String("config", "testdata/config/combined.json", "pool config")
 	vfs := flag.Int("vfs", 2, "VFs the demo pod asks for")
+	policy := flag.String("policy", "testdata/policy/seed.yaml", "SriovNetworkNodePolicy the first step applies to a host without VFs")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "make demo needs root: it creates a network namespace and veth links standing in for the VFs (sudo make demo)")
@@ -53,7 +54,7 @@ func main() {
 	os.Exit(testnet.Own(func() int {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		d := &demo{out: os.Stdout, vfs: *vfs}
+		d := &demo{out: os.Stdout, vfs: *vfs, policy: *policy}
 		err := d.run(ctx, *host, *config)
 		if cerr := d.cleanup(); err == nil {
 			err = cerr
@@ -67,9 +68,10 @@ func main() {
 }
 
 type demo struct {
-	out  io.Writer
-	vfs  int
-	work string
+	out    io.Writer
+	vfs    int
+	policy string
+	work   string
 	// undo runs newest first on cleanup.
 	undo []func() error
 }
@@ -118,6 +120,10 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
 		}
 		fmt.Fprintf(d.out, "  %s\n", filepath.Join(bin, b.name))
+	}
+
+	if err := d.provision(ctx, bin, d.policy); err != nil {
+		return err
 	}
 
 	d.step("device plugin on %s, registering with a kubelet stand-in", hostRoot)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
 // Status is a check's verdict.
@@ -115,6 +116,10 @@ type Options struct {
 	Kernel Kernel
 	// Build is this binary's identity, to compare the installed CNI with.
 	Build Build
+	// Plan is what the SriovNetworkNodePolicies at PolicyPath would do to
+	// the node; nil skips the provisioning checks.
+	PolicyPath string
+	Plan       *provision.Plan
 }
 
 // Build identifies a fastpath build.
@@ -198,6 +203,9 @@ func Run(o Options) *Report {
 		h.checkCharDevices()
 		h.checkPools()
 		h.checkVFs()
+		if o.Plan != nil {
+			h.checkProvision()
+		}
 		h.checkPorts()
 		h.checkRoCEGIDs()
 	}

@@ -120,3 +120,23 @@ func (cp *checkpoint) inUse() map[string]bool {
 	}
 	return out
 }
+
+// PreparedVFs reads the checkpoint in pluginDir and names, by PCI
+// address, the claim each prepared VF is for ("claim ns/name"): what
+// must not be taken away while a pod runs with it. A missing checkpoint
+// has none.
+func PreparedVFs(pluginDir string) (map[string]string, error) {
+	cp, err := loadCheckpoint(filepath.Join(pluginDir, CheckpointFile))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, c := range cp.Claims {
+		for _, d := range c.Devices {
+			if d.PCIAddress != "" {
+				out[d.PCIAddress] = "DRA claim " + c.Namespace + "/" + c.Name
+			}
+		}
+	}
+	return out, nil
+}

@@ -19,6 +19,8 @@ type Metrics struct {
 	allocations   *prometheus.CounterVec
 	registrations *prometheus.CounterVec
 	rescan        prometheus.Histogram
+	vfsDesired    *prometheus.GaugeVec
+	vfsActual     *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and fastpath_build_info for build.
@@ -51,6 +53,14 @@ func NewMetrics(build version.Info) *Metrics {
 			Help:    "Time to scan the host and rebuild the pools.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		vfsDesired: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "fastpath", Subsystem: "provision", Name: "vfs_desired",
+			Help: "VFs the owning SriovNetworkNodePolicy wants on the PF (numVfs).",
+		}, []string{"pf", "policy"}),
+		vfsActual: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "fastpath", Subsystem: "provision", Name: "vfs",
+			Help: "VFs the PF has (sriov_numvfs), for the PFs a policy owns.",
+		}, []string{"pf"}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "fastpath", Name: "build_info",
@@ -58,7 +68,7 @@ func NewMetrics(build version.Info) *Metrics {
 		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
 	})
 	info.Set(1)
-	m.Registry.MustRegister(info, m.devices, m.healthy, m.allocations, m.registrations, m.rescan)
+	m.Registry.MustRegister(info, m.devices, m.healthy, m.allocations, m.registrations, m.rescan, m.vfsDesired, m.vfsActual)
 	return m
 }
 
@@ -101,6 +111,15 @@ func (m *Metrics) rescanned(d time.Duration) {
 		return
 	}
 	m.rescan.Observe(d.Seconds())
+}
+
+// SetVFs records a PF's VFs: what its policy wants and what it has.
+func (m *Metrics) SetVFs(pf, policy string, desired, actual int) {
+	if m == nil {
+		return
+	}
+	m.vfsDesired.WithLabelValues(pf, policy).Set(float64(desired))
+	m.vfsActual.WithLabelValues(pf).Set(float64(actual))
 }
 
 // Handler serves the metrics in the Prometheus exposition formats.

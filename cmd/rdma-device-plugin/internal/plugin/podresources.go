@@ -37,29 +37,49 @@ var _ PodDevices = KubeletPodResources{}
 
 // Held lists the kubelet's pods and collects their devices of resources.
 func (k KubeletPodResources) Held(ctx context.Context, resources map[string]bool) (map[string]bool, error) {
+	held := map[string]bool{}
+	err := k.each(ctx, func(_ *podresourcesapi.PodResources, d *podresourcesapi.ContainerDevices) {
+		if resources[d.GetResourceName()] {
+			for _, id := range d.GetDeviceIds() {
+				held[id] = true
+			}
+		}
+	})
+	return held, err
+}
+
+// Holders lists the kubelet's pods and names the pod ("pod ns/name")
+// that holds each device, by device ID (a VF's is its PCI address).
+func (k KubeletPodResources) Holders(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	err := k.each(ctx, func(p *podresourcesapi.PodResources, d *podresourcesapi.ContainerDevices) {
+		for _, id := range d.GetDeviceIds() {
+			out[id] = "pod " + p.GetNamespace() + "/" + p.GetName()
+		}
+	})
+	return out, err
+}
+
+// each calls f for every device of every container of the kubelet's pods.
+func (k KubeletPodResources) each(ctx context.Context, f func(*podresourcesapi.PodResources, *podresourcesapi.ContainerDevices)) error {
 	if _, err := os.Stat(k.Socket); errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s", ErrNoPodResources, k.Socket)
+		return fmt.Errorf("%w: %s", ErrNoPodResources, k.Socket)
 	}
 	conn, err := grpc.NewClient("unix://"+k.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, fmt.Errorf("PodResources %s: %w", k.Socket, err)
+		return fmt.Errorf("PodResources %s: %w", k.Socket, err)
 	}
 	defer conn.Close()
 	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("PodResources %s: List: %w", k.Socket, err)
+		return fmt.Errorf("PodResources %s: List: %w", k.Socket, err)
 	}
-	held := map[string]bool{}
 	for _, p := range resp.GetPodResources() {
 		for _, c := range p.GetContainers() {
 			for _, d := range c.GetDevices() {
-				if resources[d.GetResourceName()] {
-					for _, id := range d.GetDeviceIds() {
-						held[id] = true
-					}
-				}
+				f(p, d)
 			}
 		}
 	}
-	return held, nil
+	return nil
 }

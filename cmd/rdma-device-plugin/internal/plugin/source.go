@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
+	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
 // Source scans the host and builds the pools from the config file, keeping
@@ -20,6 +22,9 @@ type Source struct {
 	load    []pool.Option
 	scanner *nic.Scanner
 	log     *slog.Logger
+	// extra are pools from somewhere else than the config file (the
+	// SriovNetworkNodePolicies' resourceNames), added to every load.
+	extra []pool.Resource
 	// DefaultRoutes, when set, names the netdevs that carry the node's
 	// default route (DefaultRouteNetdevs), which no exclusive pool takes
 	// (pool.WithDefaultRoutes). Set it before the first Scan.
@@ -28,6 +33,9 @@ type Source struct {
 	mu       sync.Mutex // guards the fields below
 	cfg      *pool.Config
 	lastWarn string
+	// next is a scan made just before (UseSnapshot), taken by the next
+	// Scan instead of scanning again.
+	next *nic.Snapshot
 	// pooled are the VFs of the last scan's pools, by PCI address, for
 	// inPod.
 	pooled map[string]*nic.Device
@@ -36,14 +44,38 @@ type Source struct {
 // NewSource loads the config at path with opts (every reload uses them
 // too); scanner reads the host.
 func NewSource(path string, scanner *nic.Scanner, log *slog.Logger, opts ...pool.Option) (*Source, error) {
-	cfg, err := pool.Load(path, opts...)
+	return NewSourceWith(path, nil, scanner, log, opts...)
+}
+
+// NewSourceWith is NewSource with extra pools, which every load of the
+// config gets too (provision.Merge: the config's own definition of a
+// resource wins). With extra pools, a config file that does not exist is
+// a config of none.
+func NewSourceWith(path string, extra []pool.Resource, scanner *nic.Scanner, log *slog.Logger, opts ...pool.Option) (*Source, error) {
+	s := &Source{path: path, load: opts, scanner: scanner, log: log, extra: extra}
+	cfg, err := s.loadConfig()
 	if err != nil {
 		return nil, err
 	}
 	for _, w := range cfg.Warnings {
 		log.Warn("config", "warning", w)
 	}
-	return &Source{path: path, load: opts, scanner: scanner, log: log, cfg: cfg}, nil
+	s.cfg = cfg
+	return s, nil
+}
+
+func (s *Source) loadConfig() (*pool.Config, error) {
+	cfg, err := pool.Load(s.path, s.load...)
+	if len(s.extra) == 0 {
+		return cfg, err
+	}
+	if errors.Is(err, pool.ErrNoConfig) {
+		cfg, err = nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return provision.Merge(cfg, s.extra), nil
 }
 
 // Scan scans the host and builds the pools; reloadConfig reads the config
@@ -53,7 +85,7 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if reloadConfig {
-		cfg, err := pool.Load(s.path, s.load...)
+		cfg, err := s.loadConfig()
 		if err != nil {
 			s.log.Error("config change rejected; keeping the last good config", "config", s.path, "err", err)
 		} else {
@@ -79,7 +111,11 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 			routesc <- routes{names, err}
 		}()
 	}
-	snap, err := s.scanner.Scan()
+	snap, err := s.next, error(nil)
+	s.next = nil
+	if snap == nil {
+		snap, err = s.scanner.Scan()
+	}
 	var r routes
 	if routesc != nil {
 		r = <-routesc
@@ -129,6 +165,15 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 		}
 	}
 	return Scan{Pools: pools, RDMACM: snap.RDMACM, Interval: s.cfg.PeriodicUpdateInterval, NoNetdev: noNetdev}, nil
+}
+
+// UseSnapshot makes the next Scan take snap, a scan of the node made a
+// moment ago (provisioning's, when it changed nothing), instead of
+// scanning again.
+func (s *Source) UseSnapshot(snap *nic.Snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next = snap
 }
 
 // inPod gives a VF that a CNI moved into a pod what the last scan saw of

@@ -1,0 +1,307 @@
+package provision
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
+)
+
+// Kernel is every write provisioning makes, one method per step. The
+// real one (NewSysfsKernel) writes sysfs under a host root and sets GUIDs
+// through the PF's netlink; tests use provisiontest's fake, which lays
+// out what the kernel would.
+type Kernel interface {
+	// SetNumVFs writes n to the PF's sriov_numvfs.
+	SetNumVFs(pf string, n int) error
+	// SetAutoprobe writes the PF's sriov_drivers_autoprobe.
+	SetAutoprobe(pf string, on bool) error
+	// SetVFGUID sets the node and port GUID of VF vf of the PF, whose
+	// netdev is pfNetdev, while the VF is unbound.
+	SetVFGUID(pf, pfNetdev string, vf int, guid net.HardwareAddr) error
+	// Unbind unbinds a function from its driver.
+	Unbind(addr string) error
+	// Bind binds a function to driver (driver_override, drivers_probe).
+	Bind(addr, driver string) error
+	// SetMTU sets a netdev's MTU.
+	SetMTU(netdev string, mtu int) error
+}
+
+// Record is the write-ahead record of a PF being changed, written to the
+// state directory before the first write and removed after the last: a
+// record found at start says a run stopped half way, and which PF the
+// next plan repairs.
+type Record struct {
+	PF      string    `json:"pf"`
+	Policy  string    `json:"policy"`
+	From    int       `json:"from"`
+	Want    int       `json:"want"`
+	Started time.Time `json:"started"`
+	// Done is how many of the plan's steps had run when last written.
+	Done  int      `json:"done"`
+	Steps []string `json:"steps"`
+}
+
+// DefaultStateDir is where the records go on a node.
+const DefaultStateDir = "/var/lib/fastpath/provision"
+
+// LoadRecords reads the records in dir; a missing dir has none.
+func LoadRecords(dir string) (map[string]Record, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provision state %s: %w", dir, err)
+	}
+	out := map[string]Record{}
+	for _, e := range ents {
+		addr, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !pci.ValidAddress(addr) || !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("provision state %s: %w", e.Name(), err)
+		}
+		var r Record
+		if err := json.Unmarshal(b, &r); err != nil || r.PF != addr {
+			// A torn record still names its PF by file name.
+			r = Record{PF: addr}
+		}
+		out[addr] = r
+	}
+	return out, nil
+}
+
+// Applier carries plans out.
+type Applier struct {
+	Kernel Kernel
+	// Root is the host root the waits read sysfs under.
+	Root string
+	// StateDir holds the write-ahead records; "" keeps none.
+	StateDir string
+	// Timeout bounds the wait for one PF's VFs to show their netdevs and
+	// RDMA devices after they are bound (DefaultTimeout when 0).
+	Timeout time.Duration
+	// Poll is how often a wait looks (DefaultPoll when 0).
+	Poll time.Duration
+	Log  *slog.Logger
+}
+
+// Defaults of an Applier.
+const (
+	DefaultTimeout = 60 * time.Second
+	DefaultPoll    = 20 * time.Millisecond
+)
+
+// ErrTimeout: a VF did not show what it waits for in time.
+var ErrTimeout = errors.New("timed out")
+
+// Result is what an Apply did.
+type Result struct {
+	Changed  []string // PFs whose steps ran to the end
+	Repaired []string // PFs a record said were left half way
+	// Errors are the PFs whose steps failed, by address.
+	Errors map[string]error
+	// PerPF is how long each changed PF took.
+	PerPF map[string]time.Duration
+}
+
+// Apply runs the plan's steps, one PF after the other; a PF whose steps
+// fail keeps its record for the next run and the others go on. It
+// returns the joined failures.
+func (a *Applier) Apply(ctx context.Context, plan *Plan) (Result, error) {
+	res := Result{Errors: map[string]error{}, PerPF: map[string]time.Duration{}}
+	records, err := LoadRecords(a.StateDir)
+	if err != nil {
+		return res, err
+	}
+	var errs []error
+	for i := range plan.PFs {
+		pf := &plan.PFs[i]
+		if _, ok := records[pf.Address]; ok {
+			res.Repaired = append(res.Repaired, pf.Address)
+		}
+		if len(pf.Steps) == 0 {
+			if _, ok := records[pf.Address]; ok && pf.Refused == nil {
+				if err := a.removeRecord(pf.Address); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			continue
+		}
+		start := time.Now()
+		if err := a.applyPF(ctx, pf); err != nil {
+			res.Errors[pf.Address] = err
+			errs = append(errs, err)
+			continue
+		}
+		res.Changed = append(res.Changed, pf.Address)
+		res.PerPF[pf.Address] = time.Since(start)
+	}
+	return res, errors.Join(errs...)
+}
+
+func (a *Applier) log() *slog.Logger {
+	if a.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return a.Log
+}
+
+func (a *Applier) recordPath(pf string) string { return filepath.Join(a.StateDir, pf+".json") }
+
+func (a *Applier) writeRecord(r *Record) error {
+	if a.StateDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(a.StateDir, 0o700); err != nil {
+		return fmt.Errorf("provision state %s: %w", a.StateDir, err)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(a.recordPath(r.PF), b, 0o600); err != nil {
+		return fmt.Errorf("pci %s: write provisioning record: %w", r.PF, err)
+	}
+	return nil
+}
+
+func (a *Applier) removeRecord(pf string) error {
+	if a.StateDir == "" {
+		return nil
+	}
+	if err := os.Remove(a.recordPath(pf)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("pci %s: remove provisioning record: %w", pf, err)
+	}
+	return nil
+}
+
+func (a *Applier) applyPF(ctx context.Context, pf *PF) error {
+	rec := &Record{PF: pf.Address, Policy: pf.Policy, From: pf.NumVFs, Want: pf.Want, Started: time.Now().UTC()}
+	for _, s := range pf.Steps {
+		rec.Steps = append(rec.Steps, s.String())
+	}
+	if err := a.writeRecord(rec); err != nil {
+		return err
+	}
+	a.log().Info("provisioning PF", "pf", pf.Address, "netdev", pf.Netdev, "policy", pf.Policy, "numVfs", pf.NumVFs, "want", pf.Want, "steps", len(pf.Steps))
+	deadline := time.Now().Add(a.timeout())
+	for i, s := range pf.Steps {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("pci %s: %w", pf.Address, err)
+		}
+		if err := a.step(ctx, pf, s, deadline); err != nil {
+			return fmt.Errorf("pci %s: step %d (%s): %w", pf.Address, i+1, s, err)
+		}
+		// The record is rewritten at the steps that change the VF count,
+		// where a later run's plan differs most from this one.
+		if s.Kind == StepNumVFs {
+			rec.Done = i + 1
+			if err := a.writeRecord(rec); err != nil {
+				return err
+			}
+		}
+	}
+	return a.removeRecord(pf.Address)
+}
+
+func (a *Applier) timeout() time.Duration {
+	if a.Timeout > 0 {
+		return a.Timeout
+	}
+	return DefaultTimeout
+}
+
+func (a *Applier) poll() time.Duration {
+	if a.Poll > 0 {
+		return a.Poll
+	}
+	return DefaultPoll
+}
+
+// vfAddress reads the address of VF k of pf from its virtfnN link.
+func (a *Applier) vfAddress(pf string, k int) (string, error) {
+	l, err := os.Readlink(filepath.Join(a.Root, "sys", "bus", "pci", "devices", pf, fmt.Sprintf("virtfn%d", k)))
+	if err != nil {
+		return "", fmt.Errorf("VF %d: %w", k, err)
+	}
+	addr := filepath.Base(l)
+	if !pci.ValidAddress(addr) {
+		return "", fmt.Errorf("VF %d: virtfn%d -> %q is not a PCI function", k, k, l)
+	}
+	return addr, nil
+}
+
+func (a *Applier) step(ctx context.Context, pf *PF, s Step, deadline time.Time) error {
+	switch s.Kind {
+	case StepMTU:
+		return a.Kernel.SetMTU(pf.Netdev, s.N)
+	case StepAutoprobe:
+		return a.Kernel.SetAutoprobe(pf.Address, s.N != 0)
+	case StepNumVFs:
+		return a.Kernel.SetNumVFs(pf.Address, s.N)
+	case StepGUID:
+		return a.Kernel.SetVFGUID(pf.Address, pf.Netdev, s.VF, s.GUID)
+	}
+	addr, err := a.vfAddress(pf.Address, s.VF)
+	if err != nil {
+		return err
+	}
+	switch s.Kind {
+	case StepUnbind:
+		return a.Kernel.Unbind(addr)
+	case StepBind:
+		return a.Kernel.Bind(addr, s.Drv)
+	case StepWait:
+		return a.wait(ctx, addr, s, deadline)
+	}
+	return fmt.Errorf("unknown step %q", s.Kind)
+}
+
+// wait polls the VF's sysfs directory until it has what s waits for.
+func (a *Applier) wait(ctx context.Context, addr string, s Step, deadline time.Time) error {
+	dir := filepath.Join(a.Root, "sys", "bus", "pci", "devices", addr)
+	has := func(sub string) bool {
+		ents, err := os.ReadDir(filepath.Join(dir, sub))
+		return err == nil && len(ents) > 0
+	}
+	ready := func() (bool, string) {
+		switch s.Drv {
+		case DriverVFIO:
+			l, err := os.Readlink(filepath.Join(dir, "driver"))
+			return err == nil && filepath.Base(l) == DriverVFIO, "bound to vfio-pci"
+		case "netdev+rdma":
+			return has("net") && has("infiniband"), "a netdev and an RDMA device (are mlx5_core and mlx5_ib loaded?)"
+		}
+		return has("net"), "a netdev (is mlx5_core loaded?)"
+	}
+	t := time.NewTicker(a.poll())
+	defer t.Stop()
+	for {
+		ok, what := ready()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("VF %d (%s) %w after %s waiting for %s", s.VF, addr, ErrTimeout, a.timeout(), what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,237 @@
+// Package provisiontest is a fake provision.Kernel over a fixture host
+// (internal/fixture): each call changes the host's sysfs the way the
+// kernel and mlx5 would, since this machine has no SR-IOV PF to change.
+package provisiontest
+
+import (
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/pkg/provision"
+)
+
+// Kernel changes a fixture host under Root. VFs appear on the bus when
+// sriov_numvfs is written; a VF bound to mlx5_core shows its netdev and
+// RDMA device ProbeDelay later, as a driver's probe does after the write
+// returned.
+type Kernel struct {
+	Root       string
+	ProbeDelay time.Duration
+
+	mu       sync.Mutex // guards the fields below and the tree
+	guids    map[string]net.HardwareAddr
+	calls    []string
+	failNext map[string]error
+	probes   sync.WaitGroup
+}
+
+var _ provision.Kernel = (*Kernel)(nil)
+
+// New returns a fake over the host at root.
+func New(root string) *Kernel {
+	return &Kernel{Root: root, guids: map[string]net.HardwareAddr{}, failNext: map[string]error{}}
+}
+
+// Calls are the calls made, in order ("SetNumVFs 0000:18:00.0 8").
+func (k *Kernel) Calls() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.calls...)
+}
+
+// FailNext makes the next call of method fail with err.
+func (k *Kernel) FailNext(method string, err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.failNext[method] = err
+}
+
+// Wait waits for the probes still to come.
+func (k *Kernel) Wait() { k.probes.Wait() }
+
+// GUID is the GUID set for VF vf of pf, nil when none.
+func (k *Kernel) GUID(pf string, vf int) net.HardwareAddr {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.guids[pf+"/"+strconv.Itoa(vf)]
+}
+
+func (k *Kernel) call(method string, args ...any) error {
+	s := method
+	for _, a := range args {
+		s += " " + fmt.Sprint(a)
+	}
+	k.calls = append(k.calls, s)
+	if err, ok := k.failNext[method]; ok {
+		delete(k.failNext, method)
+		return err
+	}
+	return nil
+}
+
+func (k *Kernel) dev(addr string, attr ...string) string {
+	return filepath.Join(append([]string{k.Root, "sys", "bus", "pci", "devices", addr}, attr...)...)
+}
+
+func readInt(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+func writeErr(path string, errno syscall.Errno) error {
+	return &fs.PathError{Op: "write", Path: path, Err: errno}
+}
+
+// SetNumVFs does what the PCI core's sriov_numvfs_store does: the same
+// count is a no-op; a count above sriov_totalvfs is ERANGE (a PF whose
+// firmware has SR-IOV off has 0); a change between two non-zero counts is
+// EBUSY; 0 removes the VFs; otherwise the VFs appear, bound to the PF's
+// driver when sriov_drivers_autoprobe is 1.
+func (k *Kernel) SetNumVFs(pf string, n int) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("SetNumVFs", pf, n); err != nil {
+		return err
+	}
+	path := k.dev(pf, "sriov_numvfs")
+	cur, err := readInt(path)
+	if err != nil {
+		return fmt.Errorf("pci %s: %w", pf, err)
+	}
+	total, err := readInt(k.dev(pf, "sriov_totalvfs"))
+	if err != nil {
+		return fmt.Errorf("pci %s: %w", pf, err)
+	}
+	switch {
+	case n == cur:
+		return nil
+	case n > total:
+		return fmt.Errorf("pci %s: %w", pf, writeErr(path, syscall.ERANGE))
+	case n != 0 && cur != 0:
+		return fmt.Errorf("pci %s: %d VFs already enabled: %w", pf, cur, writeErr(path, syscall.EBUSY))
+	case n == 0:
+		return fixture.DisableVFs(k.Root, pf)
+	}
+	auto, _ := readInt(k.dev(pf, "sriov_drivers_autoprobe"))
+	vfs, err := fixture.EnableVFs(k.Root, pf, n, auto == 1)
+	if err != nil {
+		return err
+	}
+	if auto == 1 {
+		for i, vf := range vfs {
+			k.probe(pf, i, vf)
+		}
+	}
+	return nil
+}
+
+// probe adds the VF's netdev and RDMA device ProbeDelay from now; the
+// caller holds k.mu.
+func (k *Kernel) probe(pf string, i int, vf string) {
+	guid := ""
+	if g := k.guids[pf+"/"+strconv.Itoa(i)]; g != nil {
+		h := fmt.Sprintf("%x", []byte(g))
+		guid = h[0:4] + ":" + h[4:8] + ":" + h[8:12] + ":" + h[12:16]
+	}
+	if k.ProbeDelay <= 0 {
+		_ = fixture.ProbeVF(k.Root, vf, guid)
+		return
+	}
+	k.probes.Add(1)
+	time.AfterFunc(k.ProbeDelay, func() {
+		defer k.probes.Done()
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if l, err := os.Readlink(k.dev(vf, "driver")); err == nil && filepath.Base(l) == provision.DriverNetdevice {
+			_ = fixture.ProbeVF(k.Root, vf, guid)
+		}
+	})
+}
+
+// SetAutoprobe writes sriov_drivers_autoprobe.
+func (k *Kernel) SetAutoprobe(pf string, on bool) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("SetAutoprobe", pf, on); err != nil {
+		return err
+	}
+	v := "0\n"
+	if on {
+		v = "1\n"
+	}
+	return os.WriteFile(k.dev(pf, "sriov_drivers_autoprobe"), []byte(v), 0o644)
+}
+
+// SetVFGUID keeps the GUID; the VF's RDMA device shows it once probed.
+func (k *Kernel) SetVFGUID(pf, pfNetdev string, vf int, guid net.HardwareAddr) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("SetVFGUID", pf, pfNetdev, vf, guid); err != nil {
+		return err
+	}
+	if n, _ := readInt(k.dev(pf, "sriov_numvfs")); vf >= n {
+		return fmt.Errorf("pci %s: VF %d: %w", pf, vf, syscall.EINVAL)
+	}
+	k.guids[pf+"/"+strconv.Itoa(vf)] = guid
+	return nil
+}
+
+// Unbind unbinds the function.
+func (k *Kernel) Unbind(addr string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("Unbind", addr); err != nil {
+		return err
+	}
+	return fixture.UnbindDriver(k.Root, addr)
+}
+
+// Bind binds the function; mlx5_core probes it ProbeDelay later.
+func (k *Kernel) Bind(addr, driver string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("Bind", addr, driver); err != nil {
+		return err
+	}
+	if err := fixture.BindDriver(k.Root, addr, driver); err != nil {
+		return err
+	}
+	if driver != provision.DriverNetdevice {
+		return nil
+	}
+	l, err := os.Readlink(k.dev(addr, "physfn"))
+	if err != nil {
+		return err
+	}
+	pf := filepath.Base(l)
+	links, _ := filepath.Glob(k.dev(pf, "virtfn*"))
+	for _, link := range links {
+		if t, err := os.Readlink(link); err == nil && filepath.Base(t) == addr {
+			i, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(link), "virtfn"))
+			k.probe(pf, i, addr)
+		}
+	}
+	return nil
+}
+
+// SetMTU writes the netdev's mtu.
+func (k *Kernel) SetMTU(netdev string, mtu int) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.call("SetMTU", netdev, mtu); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(k.Root, "sys", "class", "net", netdev, "mtu"), []byte(strconv.Itoa(mtu)+"\n"), 0o644)
+}

@@ -1,0 +1,171 @@
+package provision_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/pkg/provision"
+	"github.com/fastpath-k8s/fastpath/pkg/sriov/sriovtest"
+)
+
+// writes watches dirs (label -> directory); drain returns what was
+// written in them since the last drain, in order, as "label/file".
+// (inotify merges two identical events in a row: drain between two writes
+// of one file to see both.)
+func writes(t *testing.T, dirs map[string]string) (drain func() []string) {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	require.NoError(t, err)
+	labels := map[int32]string{}
+	for label, dir := range dirs {
+		wd, err := unix.InotifyAddWatch(fd, dir, unix.IN_CLOSE_WRITE)
+		require.NoError(t, err, dir)
+		labels[int32(wd)] = label
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return func() []string {
+		var out []string
+		buf := make([]byte, 64<<10)
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			return nil
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			if i := indexZero(name); i >= 0 {
+				name = name[:i]
+			}
+			out = append(out, labels[ev.Wd]+"/"+string(name))
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+		return out
+	}
+}
+
+func indexZero(b []byte) int {
+	for i, c := range b {
+		if c == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+func touch(t *testing.T, path string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	require.NoError(t, os.WriteFile(path, nil, 0o644))
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// The real Kernel on a tree of plain files: the files it writes, in the
+// order it writes them, and what it writes there.
+func TestSysfsKernelWrites(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, fixture.Generate(root, 1, 2))
+	sys := filepath.Join(root, "sys")
+	bus := filepath.Join(sys, "bus", "pci")
+	drv := filepath.Join(bus, "drivers", "mlx5_core")
+	touch(t, filepath.Join(bus, "drivers_probe"))
+	touch(t, filepath.Join(drv, "unbind"))
+	vf0, vf1 := fixture.VFAddress(0x10, 0), fixture.VFAddress(0x10, 1)
+	resolve := func(p string) string {
+		r, err := filepath.EvalSymlinks(p)
+		require.NoError(t, err)
+		return r
+	}
+	for _, vf := range []string{vf0, vf1} {
+		touch(t, filepath.Join(resolve(filepath.Join(bus, "devices", vf)), "driver_override"))
+	}
+
+	// Same count, other GUIDs, an MTU: the VFs are rebound one by one.
+	doc := `
+metadata: {name: rails}
+spec: {resourceName: r, numVfs: 2, mtu: 4000, isRdma: true, nicSelector: {rootDevices: ["0000:10:00.0"]}}
+`
+	plan := provision.NewPlan(policies(t, doc), node(t, root))
+	require.NoError(t, plan.PFs[0].Refused)
+	link := sriovtest.NewPFLink()
+	k := provision.NewSysfsKernel(root, link)
+	stop := writes(t, map[string]string{
+		"bus":    bus,
+		"driver": drv,
+		"pf":     resolve(filepath.Join(bus, "devices", "0000:10:00.0")),
+		"pfnet":  resolve(filepath.Join(sys, "class", "net", "ibp16s0")),
+		"vf0":    resolve(filepath.Join(bus, "devices", vf0)),
+		"vf1":    resolve(filepath.Join(bus, "devices", vf1)),
+	})
+	_, err := applier(root, k, "").Apply(context.Background(), plan)
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		"pfnet/mtu",
+		"driver/unbind", "vf0/driver_override", "bus/drivers_probe",
+		"driver/unbind", "vf1/driver_override", "bus/drivers_probe",
+	}, stop())
+	require.Equal(t, "4000", read(t, filepath.Join(sys, "class/net/ibp16s0/mtu")))
+	require.Equal(t, vf1, read(t, filepath.Join(drv, "unbind")))
+	require.Equal(t, vf1, read(t, filepath.Join(bus, "drivers_probe")))
+	require.Equal(t, "\n", read(t, filepath.Join(bus, "devices", vf1, "driver_override")))
+	want := provision.DeriveGUID(net.HardwareAddr{0xb8, 0x3f, 0xd2, 0x03, 0, 0x10, 0, 0}, 1)
+	cfg, err := link.VF("ibp16s0", 1)
+	require.NoError(t, err)
+	require.Equal(t, want.String(), cfg.GUID)
+
+	// A new count: autoprobe off, 0, the count, the binds, autoprobe on.
+	doc = `
+metadata: {name: rails}
+spec: {resourceName: r, numVfs: 1, deviceType: vfio-pci, nicSelector: {rootDevices: ["0000:10:00.0"]}}
+`
+	plan = provision.NewPlan(policies(t, doc), node(t, root))
+	stop = writes(t, map[string]string{
+		"bus": bus,
+		"pf":  resolve(filepath.Join(bus, "devices", "0000:10:00.0")),
+		"vf0": resolve(filepath.Join(bus, "devices", vf0)),
+	})
+	var got []string
+	for _, s := range plan.PFs[0].Steps {
+		if s.Kind == provision.StepWait {
+			continue // nothing binds a plain file to vfio-pci
+		}
+		require.NoError(t, runStep(k, &plan.PFs[0], s, vf0))
+		got = append(got, stop()...)
+	}
+	require.Equal(t, []string{
+		"pf/sriov_drivers_autoprobe", "pf/sriov_numvfs", "pf/sriov_numvfs",
+		"vf0/driver_override", "bus/drivers_probe", "pf/sriov_drivers_autoprobe",
+	}, got)
+	require.Equal(t, "1", read(t, filepath.Join(bus, "devices/0000:10:00.0/sriov_numvfs")))
+	require.Equal(t, "1", read(t, filepath.Join(bus, "devices/0000:10:00.0/sriov_drivers_autoprobe")))
+	require.Equal(t, "vfio-pci", read(t, filepath.Join(bus, "devices", vf0, "driver_override")))
+}
+
+// runStep runs one step on the kernel as the Applier does, with the VF at
+// addr.
+func runStep(k provision.Kernel, pf *provision.PF, s provision.Step, addr string) error {
+	switch s.Kind {
+	case provision.StepAutoprobe:
+		return k.SetAutoprobe(pf.Address, s.N != 0)
+	case provision.StepNumVFs:
+		return k.SetNumVFs(pf.Address, s.N)
+	case provision.StepBind:
+		return k.Bind(addr, s.Drv)
+	case provision.StepUnbind:
+		return k.Unbind(addr)
+	}
+	return nil
+}
