@@ -39,8 +39,8 @@ func BenchmarkLinkEvent(b *testing.B) {
 			})
 			w := newSliceWatch(b, e)
 			e.start(b)
-			w.until(b, "the last slice", func(s *resourceapi.ResourceSlice) bool { return s.Spec.Pool.ResourceSliceCount == benchPFs })
-			e.waitSlices(b, "1024 VFs", func(d map[string]resourceapi.Device) bool { return len(d) == benchPFs*benchVFsPerPF })
+			w.until(b, "the last slice", func(s *resourceapi.ResourceSlice) bool { return s.Spec.Pool.ResourceSliceCount == int64(benchHost.PFs) })
+			e.waitSlices(b, "1024 VFs", func(d map[string]resourceapi.Device) bool { return len(d) == benchHost.VFs() })
 			tainted := map[string]int{} // slice → tainted devices, as the watch last showed it
 			up := true
 			var events int64
@@ -48,7 +48,7 @@ func BenchmarkLinkEvent(b *testing.B) {
 			b.ReportAllocs()
 			latency.Measure(b, func() time.Duration {
 				up = !up
-				want := map[bool]int{true: 0, false: benchVFsPerPF}[up]
+				want := map[bool]int{true: 0, false: benchHost.VFsPerPF}[up]
 				start := time.Now()
 				e.links.C <- plugin.LinkEvent{Name: "ibp16s0", Up: up} // PF 0 of the generated host
 				w.until(b, fmt.Sprintf("%d VFs tainted", want), func(s *resourceapi.ResourceSlice) bool {
