@@ -142,9 +142,11 @@ type provisioner struct {
 	policies     []provision.Policy
 	// env is where the node's labels are read from (podEnv).
 	env nodeEnv
-	// labelsErr is the last plan's: the node's labels were unreadable,
-	// and the policies with a nodeSelector wait for them.
-	labelsErr error
+	// labelsFrom and labelsErr are the last plan's: where the node's
+	// labels came from; why they were unreadable (the policies with a
+	// nodeSelector then wait for them).
+	labelsFrom string
+	labelsErr  error
 }
 
 // plan scans the node and plans the policies on it.
@@ -157,7 +159,7 @@ func (p *provisioner) plan(ctx context.Context) (*provision.Plan, *nic.Snapshot,
 	if err != nil {
 		return nil, nil, err
 	}
-	p.labelsErr = nl.err
+	p.labelsFrom, p.labelsErr = nl.source, nl.err
 	if nl.err != nil {
 		p.log.Error("provision: this node's labels could not be read: the policies with a nodeSelector are not applied until they can be", "err", nl.err)
 	} else {
@@ -230,11 +232,14 @@ func runProvision(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(planReport(plan)); err != nil {
+		r := planReport(plan)
+		r.NodeLabels = p.labelsFrom
+		if err := enc.Encode(r); err != nil {
 			return err
 		}
 	} else {
 		writePlan(stdout, plan, !*dryRun)
+		fmt.Fprintf(stdout, "node labels: %s\n", p.labelsFrom)
 	}
 	if *dryRun {
 		return nil
@@ -266,6 +271,9 @@ type pfReport struct {
 type planJSON struct {
 	PFs      []pfReport `json:"pfs"`
 	Warnings []string   `json:"warnings"`
+	// NodeLabels says where the labels the nodeSelectors were matched
+	// against came from (provision only).
+	NodeLabels string `json:"nodeLabels,omitempty"`
 }
 
 func planReport(plan *provision.Plan) planJSON {

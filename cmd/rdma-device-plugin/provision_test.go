@@ -48,12 +48,14 @@ func TestProvisionDryRun(t *testing.T) {
 	require.Len(t, plan.PFs, 8)
 	require.Equal(t, 8, plan.PFs[0].Want)
 	require.Len(t, plan.PFs[0].Steps, 27)
+	require.Contains(t, plan.NodeLabels, "unknown")
 
 	// Labels that the seed's nodeSelector does not match: nothing to do.
 	out.Reset()
 	require.NoError(t, run(context.Background(), provisionArgs(t, host, "--dry-run", "--node-labels", "kubernetes.io/os=linux"), &out, &errs))
 	require.Contains(t, out.String(), "nodeSelector")
 	require.Contains(t, out.String(), "nothing to change")
+	require.Contains(t, out.String(), "node labels: --node-labels\n")
 
 	err = run(context.Background(), []string{"provision", "--dry-run"}, &out, &errs)
 	require.ErrorContains(t, err, "--policy FILE is required")
