@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,6 +113,14 @@ func TestDiscoverWithPolicy(t *testing.T) {
 	require.Len(t, pools, 1)
 	require.Equal(t, "mellanox.com/mlnx_sriov_rdma", pools[0].(map[string]any)["resource"])
 	require.Len(t, pools[0].(map[string]any)["devices"], 32)
+
+	// The seed's nodeSelector, matched against the node's labels as
+	// provisioning matches it.
+	v = discoverJSON(t, "--host-root", fixture("dgx-h100"), "--policy", seedPolicy(), "--node-labels", "kubernetes.io/os=linux")
+	require.Empty(t, v["provisioning"])
+	require.Contains(t, fmt.Sprint(v["warnings"]), "policy ib-rails: nodeSelector map[feature.node.kubernetes.io/network-sriov.capable:true] does not match this node's labels")
+	v = discoverJSON(t, "--host-root", fixture("dgx-h100"), "--policy", seedPolicy(), "--node-labels", "feature.node.kubernetes.io/network-sriov.capable=true")
+	require.Len(t, v["provisioning"], 8)
 
 	var out, errs bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"discover", "--host-root", provisionedHost(t), "--policy", seedPolicy()}, &out, &errs))
