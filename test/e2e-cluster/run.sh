@@ -118,7 +118,8 @@ host_links() {
 host_mounts() { awk -v w="$WORK/" -v k="$K" 'index($5, w) == 1 || $5 == k || index($5, k "/") == 1 { print $5 }' /proc/self/mountinfo | sort; }
 # cni_cache lists libcni's result cache, where containerd keeps each
 # attachment until its DEL succeeds.
-cni_cache() { find /var/lib/cni/results -mindepth 1 2>/dev/null | sort; }
+# Nothing when the directory is missing (find fails; set -e, pipefail).
+cni_cache() { { find /var/lib/cni/results -mindepth 1 2>/dev/null || true; } | sort; }
 # iptables_rules lists the host's rules when iptables is installed.
 iptables_rules() {
 	if command -v iptables-save >/dev/null; then iptables-save 2>/dev/null | grep -v '^#' | sed 's/\[[0-9:]*\]//'; fi
