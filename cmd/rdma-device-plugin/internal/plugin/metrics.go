@@ -11,7 +11,7 @@ import (
 // Metrics are the plugin's Prometheus metrics, on their own registry. A nil
 // *Metrics records nothing. They are served by internal/promtext, in the
 // text exposition format, and not by client_golang: its package init alone
-// cost the lean binary's every start 28 package inits and 316 KB of
+// cost every start of the lean binary 10 package inits, 211 KB and 1,446
 // allocations (docs/performance-ratios.md).
 type Metrics struct {
 	Registry      *promtext.Registry
