@@ -15,7 +15,6 @@
 package promtext
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"math"
@@ -225,24 +224,22 @@ func (f *Family) must(typ, op string) {
 	}
 }
 
-// WriteTo writes every family that has series in the text format.
+// WriteTo writes every family that has series in the text format. The
+// text is built under the registry's lock and written after it: a slow
+// reader does not hold up the metrics' updates.
 func (r *Registry) WriteTo(w io.Writer) (int64, error) {
-	cw := &countingWriter{w: w}
-	bw := bufio.NewWriter(cw)
 	r.mu.Lock()
 	fams := slices.Clone(r.families)
 	slices.SortFunc(fams, func(a, b *Family) int { return strings.Compare(a.name, b.name) })
 	var buf []byte
 	for _, f := range fams {
-		if len(f.series) == 0 {
-			continue
+		if len(f.series) > 0 {
+			buf = f.appendText(buf)
 		}
-		buf = f.appendText(buf[:0])
-		bw.Write(buf) // errors surface in Flush
 	}
 	r.mu.Unlock()
-	err := bw.Flush()
-	return cw.n, err
+	n, err := w.Write(buf)
+	return int64(n), err
 }
 
 // appendText appends the family's lines; r.mu is held.
@@ -343,17 +340,6 @@ func appendEscaped(b []byte, s string, quote bool) []byte {
 		}
 	}
 	return b
-}
-
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
 
 // Handler serves the registry's metrics.

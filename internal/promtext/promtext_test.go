@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"math"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
@@ -179,4 +181,45 @@ func TestConcurrent(t *testing.T) {
 	out := text(t, r)
 	require.Contains(t, out, `x_total{k="a"} 400`)
 	require.Contains(t, out, "x_seconds_count 800")
+}
+
+// blockingWriter signals when Write is entered and blocks until released.
+type blockingWriter struct{ entered, release chan struct{} }
+
+func (b blockingWriter) Write(p []byte) (int, error) {
+	close(b.entered)
+	<-b.release
+	return len(p), nil
+}
+
+// A scraper that reads slowly does not hold up the metrics' updates, also
+// when the text is larger than any buffer on the way.
+func TestSlowReaderDoesNotBlockUpdates(t *testing.T) {
+	r := &Registry{}
+	c := r.Counter("x_total", "X.")
+	c.Add(1)
+	g := r.Gauge("x_devices", "Devices per resource.", "resource")
+	for i := range 1000 {
+		g.Set(float64(i), strings.Repeat("r", 20)+strconv.Itoa(i))
+	}
+	w := blockingWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := r.WriteTo(w)
+		wrote <- err
+	}()
+	<-w.entered
+	added := make(chan struct{})
+	go func() {
+		c.Add(1)
+		close(added)
+	}()
+	select {
+	case <-added:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Add blocked while a reader was being written to")
+	}
+	close(w.release)
+	require.NoError(t, <-wrote)
+	require.Contains(t, text(t, r), "x_total 2\n")
 }
