@@ -124,8 +124,8 @@ func (r *Registry) add(name, help, typ string, buckets []float64, labels []strin
 		}
 	}
 	r.families = append(r.families, f)
-	if typ == "histogram" && len(labels) == 0 {
-		f.get(nil) // an unlabelled histogram is exported from the start, as client_golang's is
+	if len(labels) == 0 {
+		f.get(nil) // an unlabelled metric is exported from the start (0), as client_golang's is
 	}
 	return f
 }

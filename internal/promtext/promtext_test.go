@@ -104,6 +104,12 @@ func TestSameAsClientGolang(t *testing.T) {
 			hv.Observe(10, "a")
 			phv.WithLabelValues("a").Observe(10)
 		}},
+		{"unlabelled metrics never set", func(r *Registry, p *prometheus.Registry) {
+			r.Counter("x_events_total", "Events.")
+			p.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "x_events_total", Help: "Events."}))
+			r.Gauge("x_level", "Level.")
+			p.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "x_level", Help: "Level."}))
+		}},
 		{"unobserved histogram", func(r *Registry, p *prometheus.Registry) {
 			r.Histogram("x_wait_seconds", "Waits.", []float64{0.1, 1})
 			p.MustRegister(prometheus.NewHistogram(prometheus.HistogramOpts{Name: "x_wait_seconds", Help: "Waits.", Buckets: []float64{0.1, 1}}))
