@@ -94,6 +94,8 @@ type Driver struct {
 	kick chan struct{}
 	// publisherDone is closed when the publisher goroutine has ended.
 	publisherDone chan struct{}
+	// failpoint is called at Prepare's step boundaries (point); tests only.
+	failpoint func(string)
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -142,6 +144,7 @@ func New(opts Options) (*Driver, error) {
 // far and follows link events until ctx ends or Stop.
 func (d *Driver) Start(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, logr.FromSlogHandler(d.log.Handler()))
+	d.restoreFiles() // before the kubelet can call: after a reboot they are gone
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.KubeClient(d.opts.KubeClient),
