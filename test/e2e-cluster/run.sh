@@ -18,6 +18,7 @@ source "$(dirname "$0")/lib.sh"
 source "$CLUSTER_DIR/cluster.sh"
 source "$CLUSTER_DIR/checks.sh"
 source "$CLUSTER_DIR/dra.sh"
+source "$CLUSTER_DIR/dra-restart.sh"
 
 HOST=$RUN/host # copy of the fixture host, with real char devices
 FIXTURE=$REPO/testdata/sysfs/dgx-h100
