@@ -129,7 +129,7 @@ func New(opts Options) (*Driver, error) {
 		return nil, err
 	}
 	// What a killed run's write left; nothing writes before Start.
-	if err := w.RemoveStaging(); err != nil {
+	if err := errors.Join(w.RemoveStaging(), removeTemporaries(cpPath, cp)); err != nil {
 		opts.Log.Warn("dra: leftovers of a killed run", "err", err)
 	}
 	return &Driver{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 
@@ -21,16 +22,19 @@ import (
 //     same files again, and an Unprepare instead removes whatever was
 //     written; each file is written whole or not at all (cdiwrite,
 //     atomicfile);
-//   - the kubelet restarted: it keeps which claims it prepared in its own
-//     checkpoint but not that they are prepared, and prepares the claims
-//     of its running pods again, which is idempotent here;
+//   - the kubelet restarted: it reloads its claims from its own
+//     checkpoint, not as prepared, and prepares them again only when it
+//     creates a pod sandbox; running pods keep their containers, and this
+//     driver's files and checkpoint are untouched;
 //   - the node rebooted: the CDI directory (/var/run/cdi) and the
 //     device-info directory are tmpfs and come back empty, while the
-//     checkpoint, under /var/lib/kubelet, is kept. The kubelet prepares a
-//     claim again only when it restarts, not when a container of a running
-//     pod restarts, and the runtime resolves that container's CDI names
-//     from the CDI directory: so the driver, when it starts, writes again
-//     the missing files of every claim of its checkpoint (restoreFiles).
+//     checkpoint, under /var/lib/kubelet, is kept. The kubelet prepares the
+//     claims again as it creates the pods' sandboxes anew (which rewrites
+//     the files), but not when a container of a running pod restarts: the
+//     runtime then resolves the container's CDI names from the CDI
+//     directory, whatever emptied it. So the driver, when it starts, writes
+//     again the missing files of every claim of its checkpoint
+//     (restoreFiles), before the kubelet can call it.
 //
 // Those files are made from this scan, found by the VF's PCI address, not
 // from what the checkpoint was given: across a reboot a VF keeps its PCI
@@ -178,4 +182,30 @@ func (d *Driver) point(name string) {
 	if d.failpoint != nil {
 		d.failpoint(name)
 	}
+}
+
+// removeTemporaries deletes what an atomic write (internal/atomicfile)
+// that a kill cut short left: its ".<name>.tmp-*" beside the checkpoint,
+// and beside the device-info files of the checkpoint's claims (Prepare
+// names a claim's files in the checkpoint before it writes them). Other
+// files of those directories, the device plugin's among them, are not
+// the driver's. Nothing writes before Start.
+func removeTemporaries(cpPath string, cp *checkpoint) error {
+	paths := []string{cpPath}
+	for _, c := range cp.Claims {
+		paths = append(paths, c.DevInfo...)
+	}
+	var errs []error
+	for _, p := range paths {
+		left, err := filepath.Glob(filepath.Join(filepath.Dir(p), "."+filepath.Base(p)+".tmp-*"))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("temporaries of %s: %w", p, err))
+		}
+		for _, l := range left {
+			if err := removeFile(l); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

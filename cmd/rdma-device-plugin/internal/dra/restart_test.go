@@ -3,6 +3,7 @@ package dra_test
 import (
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -75,4 +76,36 @@ func withoutVF(s plugin.Scan, addr string) plugin.Scan {
 		out.Pools[i].Devices = slices.DeleteFunc(slices.Clone(out.Pools[i].Devices), func(d nicDevice) bool { return d.PCIAddress == addr })
 	}
 	return out
+}
+
+// A checkpoint or device-info write that a kill cut short left its
+// temporary file (internal/atomicfile's ".<name>.tmp-*") beside the file:
+// the next driver removes those of its checkpoint and of its claims'
+// device-info files, and leaves the files and what is not its own.
+func TestKilledAtomicWriteLeftoversRemoved(t *testing.T) {
+	e := newTestEnv(t, fixtureRoot("dgx-h100"), "dra.json")
+	d := e.start(t)
+	k := e.register(t)
+	c := e.claim(t, "train", vf("nic", rail0vf0))
+	require.Empty(t, k.prepare(t, c)[string(c.UID)].Error)
+	d.Stop()
+	info := dra.DevInfoPath(e.dev, "train", rail0vf0)
+	left := []string{
+		filepath.Join(e.pluginDir, "."+dra.CheckpointFile+".tmp-1234"),
+		filepath.Join(e.dev, "."+filepath.Base(info)+".tmp-5678"),
+	}
+	kept := []string{
+		filepath.Join(e.dev, ".mellanox.com_mlnx_sriov_rdma-"+rail1vf0+"-device.json.tmp-9"), // the device plugin's
+		filepath.Join(e.pluginDir, "dra.sock.tmp-1"),
+	}
+	for _, p := range append(slices.Clone(left), kept...) {
+		require.NoError(t, os.WriteFile(p, []byte("{"), 0o600))
+	}
+	e.start(t)
+	for _, p := range left {
+		require.NoFileExists(t, p)
+	}
+	for _, p := range append(kept, info, filepath.Join(e.pluginDir, dra.CheckpointFile)) {
+		require.FileExists(t, p)
+	}
 }
