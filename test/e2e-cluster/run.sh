@@ -19,6 +19,7 @@ source "$(dirname "$0")/lib.sh"
 source "$CLUSTER_DIR/cluster.sh"
 source "$CLUSTER_DIR/checks.sh"
 source "$CLUSTER_DIR/dra.sh"
+source "$CLUSTER_DIR/dra-restart.sh"
 source "$CLUSTER_DIR/provision.sh"
 
 HOST=$RUN/host # copy of the fixture host, with real char devices
