@@ -184,13 +184,15 @@ no_metadata_left() { no_cdi_specs our_meta_specs && empty_dir "$META_HOST_DIR"; 
 check_metadata() {
 	local ns=$1 pod=$2 ctr_name=$3 file="$META_DIR/$4/$5/$DRA_DRIVER-metadata.json" vf=$6 log got dev
 	log="$RUN/logs/metadata-$pod.json"
-	in_container "$ns" "$pod" "$ctr_name" cat "$file" >"$log" 2>&1
+	# A missing or unreadable file is a failed check below, not the end of the run.
+	in_container "$ns" "$pod" "$ctr_name" cat "$file" >"$log" 2>&1 || true
 	got=$(jq -c -s --arg d "$DRA_DRIVER" '.[0] | {v: .apiVersion, d: [.requests[].devices[] | select(.driver == $d) | .attributes
-		| {bus: .["resource.kubernetes.io/pciBusID"].string, rdma: .rdmaDevice.string, uverbs: .uverbs.string, netdev: .netdev.string}]}' "$log" 2>/dev/null)
+		| {bus: .["resource.kubernetes.io/pciBusID"].string, rdma: .rdmaDevice.string, uverbs: .uverbs.string, netdev: .netdev.string}]}' "$log" 2>/dev/null) ||
+		got="unreadable: $(head -c 200 "$log" | tr '\n' ' ')"
 	expect "$pod: $file in the container, with its VF" \
 		"$(jq -c -n --arg a "$vf" --arg r "$(vf_field "$vf" rdmaDevice)" --arg u "$(vf_field "$vf" 'charDevices[]' | grep /uverbs)" --arg n "$(vf_field "$vf" netdev)" \
 			'{v: "metadata.resource.k8s.io/v1beta1", d: [{bus: $a, rdma: $r, uverbs: $u, netdev: $n}]}')" "$got"
-	dev=$(jq -r '.d[0].uverbs // ""' <<<"$got")
+	dev=$(jq -r '.d[0].uverbs // ""' <<<"$got" 2>/dev/null) || dev=
 	check "$pod: the metadata's uverbs '$dev' is a device node in the container" in_container "$ns" "$pod" "$ctr_name" test -c "$dev"
 }
 
