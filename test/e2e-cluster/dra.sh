@@ -21,6 +21,11 @@ MULTUS_CLAIM=rank-0-gpu-vf
 MULTUS_NAD=rank-0-rail
 STUCK_POD=nccl-unalignable
 STUCK_CLAIM=unalignable
+# Where a container finds its claims' device metadata (KEP-5304, written by
+# the driver's kubelet-plugin helper, bind-mounted through its own CDI
+# spec), and where the helper keeps the files on the node.
+META_DIR=/var/run/kubernetes.io/dra-device-attributes
+META_HOST_DIR=$DRA_PLUGIN_DIR/dra-device-metadata
 
 # ------------------------------------------------------------ helpers
 
@@ -155,6 +160,42 @@ dra_check_pod() {
 		'any(.[]; .interface == $i and .name == $n and .["device-info"].pci["pci-address"] == $a)' <<<"$status"
 }
 
+# in_container NS POD CONTAINER CMD...: runs CMD in the container, a
+# process of its own spec (mounts, user) through containerd, as kubectl
+# exec would (this kubelet serves no exec).
+in_container() {
+	local id
+	id=$(task_id "$1" "$2" "$3") || return 1
+	ctr tasks exec --exec-id "e2e-$RANDOM" "$id" "${@:4}"
+}
+our_meta_specs() { find "$CDI_DIR" -maxdepth 1 -name "${DRA_DRIVER}_metadata_*.json" -printf '%f\n' 2>/dev/null | sort; }
+no_paths() {
+	local p
+	for p; do [[ ! -e $p ]] || return 1; done
+}
+no_metadata_left() { no_cdi_specs our_meta_specs && empty_dir "$META_HOST_DIR"; }
+
+# check_metadata NS POD CONTAINER CLAIM_DIR REQUEST VF: the container
+# reads its VF's device metadata at the path KEP-5304 gives it,
+# $META_DIR/CLAIM_DIR/REQUEST/$DRA_DRIVER-metadata.json (CLAIM_DIR is
+# resourceclaims/<claim> or resourceclaimtemplates/<the pod's claim
+# name>): metadata.resource.k8s.io/v1beta1, the VF's pciBusID, RDMA device,
+# uverbs (a device node the container has) and host netdev.
+check_metadata() {
+	local ns=$1 pod=$2 ctr_name=$3 file="$META_DIR/$4/$5/$DRA_DRIVER-metadata.json" vf=$6 log got dev
+	log="$RUN/logs/metadata-$pod.json"
+	# A missing or unreadable file is a failed check below, not the end of the run.
+	in_container "$ns" "$pod" "$ctr_name" cat "$file" >"$log" 2>&1 || true
+	got=$(jq -c -s --arg d "$DRA_DRIVER" '.[0] | {v: .apiVersion, d: [.requests[].devices[] | select(.driver == $d) | .attributes
+		| {bus: .["resource.kubernetes.io/pciBusID"].string, rdma: .rdmaDevice.string, uverbs: .uverbs.string, netdev: .netdev.string}]}' "$log" 2>/dev/null) ||
+		got="unreadable: $(head -c 200 "$log" | tr '\n' ' ')"
+	expect "$pod: $file in the container, with its VF" \
+		"$(jq -c -n --arg a "$vf" --arg r "$(vf_field "$vf" rdmaDevice)" --arg u "$(vf_field "$vf" 'charDevices[]' | grep /uverbs)" --arg n "$(vf_field "$vf" netdev)" \
+			'{v: "metadata.resource.k8s.io/v1beta1", d: [{bus: $a, rdma: $r, uverbs: $u, netdev: $n}]}')" "$got"
+	dev=$(jq -r '.d[0].uverbs // ""' <<<"$got" 2>/dev/null) || dev=
+	check "$pod: the metadata's uverbs '$dev' is a device node in the container" in_container "$ns" "$pod" "$ctr_name" test -c "$dev"
+}
+
 # ------------------------------------------------------------ the phase
 
 test_dra() {
@@ -270,6 +311,7 @@ dra_template_pod() {
 	expect "$TEMPLATE_POD: the GPU's env (the stand-in's CDI spec)" "$(gpu_addr "$gpu")" "$(pod_env "$pid" E2E_GPU_PCI_BUS_ID)"
 	check "$TEMPLATE_POD: its claim's CDI spec is in $CDI_DIR" test -f "$CDI_DIR/$DRA_DRIVER-vf_$(claim_uid default "$claim").json"
 	check "$TEMPLATE_POD: a device-info file for its VF under the claim's name" test -f "$DEVINFO_DIR/$claim-$vf-device.json"
+	check_metadata default "$TEMPLATE_POD" train resourceclaimtemplates/gpu-vf vf "$vf"
 }
 
 # dra_multus_pod: the shipped ResourceClaim + NAD + pod: Multus v4.3.0
@@ -286,6 +328,7 @@ dra_multus_pod() {
 	check_aligned "claim $MULTUS_CLAIM" "$gpu" "$vfdev"
 	check "claim $MULTUS_CLAIM: a VF ($vf), not the template pod's ($TEMPLATE_VF)" test -n "$vf" -a "$vf" != "$TEMPLATE_VF"
 	dra_check_pod default "$MULTUS_POD" train "$vf" "$MULTUS_NAD" "$EXAMPLE_RANGE"
+	check_metadata default "$MULTUS_POD" train "resourceclaims/$MULTUS_CLAIM" vf "$vf"
 	expect "whereabouts IPPool $EXAMPLE_RANGE holds the pod" "default/$MULTUS_POD" "$(ippool_pods "$EXAMPLE_RANGE" | xargs)"
 }
 
@@ -319,9 +362,20 @@ dra_seed_pod() {
 	dra_check_pod default "$SEED_POD" nccl "$vf" sriov-net-ib "$SEED_RANGE" \
 		"no device-info: Multus v4.3.0 asks for it only with a deviceID, which it has only for a claim the NAD names"
 	expect "whereabouts IPPool $SEED_RANGE holds the pod" "default/$SEED_POD" "$(ippool_pods "$SEED_RANGE" | xargs)"
+	# The scheduler's claim is named by the API server and its one request
+	# by the scheduler (container-<i>-request-<j>): the file is found as
+	# the pod's status names them.
+	local req
+	req=$(kubectl -n default get pod "$SEED_POD" -o json | jq -r '.status.extendedResourceClaimStatus.requestMappings[0].requestName // ""')
+	check_metadata default "$SEED_POD" nccl "resourceclaims/$claim" "$req" "$vf"
+	check "$SEED_POD: its metadata file on the node ($META_HOST_DIR/default_$claim) and its CDI spec" \
+		test -f "$META_HOST_DIR/default_$claim/$req/metadata.json" -a -f "$CDI_DIR/${DRA_DRIVER}_metadata_$(claim_uid default "$claim")_$req.json"
+	local meta_spec="$CDI_DIR/${DRA_DRIVER}_metadata_$(claim_uid default "$claim")_$req.json"
 	kubectl -n default delete pod "$SEED_POD" --grace-period 1 >/dev/null
 	dra_require "seed pod deleted" 120 claim_gone default "$claim"
 	check "seed's claim unprepared: its CDI spec gone" wait_for 30 "seed spec removed" test "$(our_cdi_specs | wc -l)" = 2
+	check "seed's claim unprepared: its metadata file and metadata CDI spec gone" \
+		wait_for 30 "seed metadata removed" no_paths "$META_HOST_DIR/default_$claim" "$meta_spec"
 	expect "whereabouts IPPool $SEED_RANGE empty" "" "$(ippool_pods "$SEED_RANGE" | xargs)"
 	kubectl delete -k "$RUN/seed" --ignore-not-found >/dev/null
 }
@@ -435,6 +489,8 @@ dra_plugin_restart() {
 	check "ResourceSlices still list the $WANT_VFS VFs" count_is "$DRA_DRIVER" "$WANT_VFS"
 	expect "pods keep their containers across the plugin restart" "$before" "$(dra_pods)"
 	check "the claims' CDI specs are still there" test "$(our_cdi_specs | wc -l)" = 3
+	check "the claims' device metadata CDI specs are still there" test "$(our_meta_specs | wc -l)" = 3
+	check_metadata default "$TEMPLATE_POD" train resourceclaimtemplates/gpu-vf vf "$TEMPLATE_VF"
 }
 
 # dra_delete deletes the pods: their claims are released (the template's
@@ -454,6 +510,8 @@ dra_delete() {
 	kubectl delete -k "$RUN/dra-multus" --ignore-not-found >/dev/null
 	kubectl -n default delete resourceclaim "$STUCK_CLAIM" "$PROBE_CLAIM" >/dev/null
 	check "claims unprepared: no $DRA_DRIVER CDI spec left in $CDI_DIR" wait_for 30 "specs removed" no_cdi_specs our_cdi_specs
+	check "claims unprepared: no device metadata CDI spec left, nothing under $META_HOST_DIR" \
+		wait_for 30 "metadata removed" no_metadata_left
 	check "claims unprepared by the stand-in GPU driver too" wait_for 30 "gpu specs removed" no_cdi_specs gpu_cdi_specs
 	check "no prepared claim left in the DRA plugin's checkpoint" wait_for 30 "checkpoint empty" checkpoint_is 0
 	check "no device-info file left for the claims" wait_for 30 "devinfo empty" empty_dir "$DEVINFO_DIR"

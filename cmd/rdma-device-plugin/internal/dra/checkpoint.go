@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
@@ -58,6 +59,12 @@ type preparedDevice struct {
 	// scan with it.
 	CDIDeviceID string `json:"cdiDeviceID"`
 	AdminAccess bool   `json:"adminAccess,omitempty"`
+	// Metadata are the attributes of the device's metadata file
+	// (deviceMetadata), kept so that a restarted plugin that answers a
+	// Prepare from the checkpoint has the helper rewrite the same file.
+	// A checkpoint written before metadata has none: the file is then
+	// rewritten without attributes.
+	Metadata map[string]resourceapi.DeviceAttribute `json:"metadata,omitempty"`
 }
 
 // loadCheckpoint reads path; a missing file is an empty checkpoint.

@@ -151,6 +151,10 @@ func (d *Driver) Start(ctx context.Context) error {
 		kubeletplugin.NodeName(d.opts.NodeName),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistryDir),
+		// The helper writes each prepared request's metadata file
+		// under PluginDir and the CDI spec that mounts it (metadata.go).
+		kubeletplugin.EnableDeviceMetadata(true, metadataVersions),
+		kubeletplugin.CDIDirectory(d.opts.CDIDir),
 	)
 	if err != nil {
 		return fmt.Errorf("dra: start kubelet plugin %s: %w (do %s and %s exist on the node and in the container?)", DriverName, err, d.opts.PluginDir, d.opts.RegistryDir)

@@ -56,7 +56,8 @@ func TestPrepareWritesCDISpecAndDeviceInfo(t *testing.T) {
 	require.Equal(t, []string{"nic"}, resp.Devices[0].RequestNames)
 	require.Equal(t, testNode, resp.Devices[0].PoolName)
 	require.Equal(t, "0000-18-00-1", resp.Devices[0].DeviceName)
-	require.Equal(t, []string{"rdma.fastpath-k8s.io/vf=0000:18:00.1"}, resp.Devices[0].CdiDeviceIds)
+	require.Equal(t, []string{"rdma.fastpath-k8s.io/vf=0000:18:00.1", "rdma.fastpath-k8s.io/metadata=gpu-nic-uid_nic"}, resp.Devices[0].CdiDeviceIds,
+		"the helper adds the request's metadata device to its first device")
 	require.Equal(t, []string{"rdma.fastpath-k8s.io/vf=0000:40:00.1"}, resp.Devices[1].CdiDeviceIds)
 
 	path := filepath.Join(e.cdiDir, "rdma.fastpath-k8s.io-vf_gpu-nic-uid.json")

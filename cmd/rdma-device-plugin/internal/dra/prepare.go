@@ -145,12 +145,13 @@ func (d *Driver) planLocked(c *resourceapi.ResourceClaim, earlier []*claimPlan) 
 			return nil, fmt.Errorf("claim %s/%s: VF %s (%s) has no RDMA char devices under %s (is ib_uverbs loaded?)", c.Namespace, c.Name, e.dev.PCIAddress, e.dev.RDMADevice, rdma.DevDir)
 		}
 		id := CDIDeviceID(class, e.dev.PCIAddress)
+		meta := deviceMetadata(e, d.rdmaCM)
 		p.rec.Devices = append(p.rec.Devices, preparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device,
-			PCIAddress: e.dev.PCIAddress, Resource: e.res.ResourceName(), CDIDeviceID: id, AdminAccess: isAdmin})
+			PCIAddress: e.dev.PCIAddress, Resource: e.res.ResourceName(), CDIDeviceID: id, AdminAccess: isAdmin, Metadata: meta})
 		if !slices.ContainsFunc(p.devs, func(cd claimDevice) bool { return cd.dev == e.dev }) {
 			p.devs = append(p.devs, claimDevice{res: e.res, dev: e.dev})
 		}
-		p.result = append(p.result, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id}})
+		p.result = append(p.result, withMetadata(kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id}}, meta))
 	}
 	if len(p.devs) == 0 {
 		return &claimPlan{claim: c}, nil // nothing of ours in the claim
@@ -377,7 +378,7 @@ func sameDevices(rec *preparedClaim, c *resourceapi.ResourceClaim) bool {
 func resultOf(rec *preparedClaim) []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, 0, len(rec.Devices))
 	for _, d := range rec.Devices {
-		out = append(out, kubeletplugin.Device{Requests: []string{d.Request}, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: []string{d.CDIDeviceID}})
+		out = append(out, withMetadata(kubeletplugin.Device{Requests: []string{d.Request}, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: []string{d.CDIDeviceID}}, d.Metadata))
 	}
 	return out
 }

@@ -99,7 +99,8 @@ func inject(t testing.TB, rc *cdi.Cache, ids ...string) container {
 	return out
 }
 
-// cdiIDs are the CDI devices of prepared claims' responses, in order.
+// cdiIDs are the CDI devices of the VFs in prepared claims' responses, in
+// order: without the helper's metadata devices (metadataIDs).
 func cdiIDs(t testing.TB, resp map[string]*drapbv1.NodePrepareResourceResponse, claims ...*resourceapi.ResourceClaim) []string {
 	t.Helper()
 	var ids []string
@@ -108,7 +109,11 @@ func cdiIDs(t testing.TB, resp map[string]*drapbv1.NodePrepareResourceResponse, 
 		require.NotNil(t, r, c.Name)
 		require.Empty(t, r.Error, c.Name)
 		for _, d := range r.Devices {
-			ids = append(ids, d.CdiDeviceIds...)
+			for _, id := range d.CdiDeviceIds {
+				if !strings.HasPrefix(id, dra.MetadataCDIKind+"=") {
+					ids = append(ids, id)
+				}
+			}
 		}
 	}
 	return ids
@@ -269,6 +274,7 @@ func TestPrepareEnvOfSharedAndLoneClaims(t *testing.T) {
 	lateResp := k.prepare(t, late)
 	after := specFiles(t, e)
 	delete(after, dra.CDISpecName(late.UID))
+	delete(after, metadataSpecName(late.UID, "vf"))
 	require.Equal(t, before, after)
 	rc = e.runtime(t)
 	got = inject(t, rc, cdiIDs(t, lateResp, late)...)

@@ -19,8 +19,24 @@ import (
 
 // DRADriver is fastpath's DRA driver (cmd/rdma-device-plugin's
 // dra.DriverName). A VF it prepared for a claim is named, after the "="
-// of its CDI device, by its PCI address.
+// of its CDI device, by its PCI address; its CDI class is "vf", or
+// "vf-admin-<claim UID>" for an admin-access claim. The driver's other
+// CDI devices (the device metadata files, class "metadata") are no VFs.
 const DRADriver = "rdma.fastpath-k8s.io"
+
+// draVF returns the PCI address that a CDI device name of DRADriver's
+// gives a VF, false for a name of another of its classes.
+func draVF(cdiName string) (string, bool) {
+	kind, addr, ok := strings.Cut(cdiName, "=")
+	if !ok {
+		return "", false
+	}
+	class, ok := strings.CutPrefix(kind, DRADriver+"/")
+	if !ok || class != "vf" && !strings.HasPrefix(class, "vf-admin-") {
+		return "", false
+	}
+	return addr, true
+}
 
 // PodResources answers which devices of a resource a pod holds: those the
 // device plugin of resource allocated to it, or, when it has none (or
@@ -83,7 +99,7 @@ func podDevices(pods []*podresourcesapi.PodResources, namespace, pod, resource s
 						continue
 					}
 					for _, cdi := range r.GetCdiDevices() {
-						if _, addr, ok := strings.Cut(cdi.GetName(), "="); ok {
+						if addr, ok := draVF(cdi.GetName()); ok {
 							vfs = append(vfs, addr)
 						}
 					}

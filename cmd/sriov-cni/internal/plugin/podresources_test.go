@@ -109,11 +109,16 @@ func TestAddResolvesVFThroughPodResources(t *testing.T) {
 }
 
 // dra is a container's claim with VFs of fastpath's DRA driver (and a GPU
-// of another driver), as the kubelet lists it.
+// of another driver), as the kubelet lists it: with the device metadata
+// (KEP-5304) CDI device that the driver's kubelet-plugin helper adds to
+// the first device of a request, which names no VF.
 func dra(claim string, vfs ...string) *podresourcesapi.DynamicResource {
 	r := &podresourcesapi.ClaimResource{DriverName: DRADriver, PoolName: "node-a"}
-	for _, a := range vfs {
+	for i, a := range vfs {
 		r.CdiDevices = append(r.CdiDevices, &podresourcesapi.CDIDevice{Name: DRADriver + "/vf=" + a})
+		if i == 0 {
+			r.CdiDevices = append(r.CdiDevices, &podresourcesapi.CDIDevice{Name: DRADriver + "/metadata=" + claim + "-uid_vf"})
+		}
 	}
 	gpu := &podresourcesapi.ClaimResource{DriverName: "gpu.nvidia.com", CdiDevices: []*podresourcesapi.CDIDevice{{Name: "k8s.gpu.nvidia.com/gpu=0000:19:00.0"}}}
 	return &podresourcesapi.DynamicResource{ClaimName: claim, ClaimNamespace: "default", ClaimResources: []*podresourcesapi.ClaimResource{gpu, r}}
@@ -166,4 +171,23 @@ func TestAddResolvesDRAVFWithoutResourceName(t *testing.T) {
 	require.Contains(t, out.String(), `"pciID": "0000:3b:01.2"`)
 	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
 	e.requireRestored(a, "0000:3b:01.2")
+}
+
+// Only the driver's VF classes name VFs: not its metadata devices, not
+// another vendor's, not a name without "=".
+func TestDRAVFNames(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		ok         bool
+	}{
+		{"rdma.fastpath-k8s.io/vf=0000:18:00.1", "0000:18:00.1", true},
+		{"rdma.fastpath-k8s.io/vf-admin-3f0c-uid=0000:18:00.1", "0000:18:00.1", true},
+		{"rdma.fastpath-k8s.io/metadata=3f0c-uid_vf", "", false},
+		{"k8s.gpu.nvidia.com/gpu=0000:19:00.0", "", false},
+		{"rdma.fastpath-k8s.io/vf", "", false},
+	} {
+		got, ok := draVF(tc.name)
+		require.Equal(t, tc.ok, ok, tc.name)
+		require.Equal(t, tc.want, got, tc.name)
+	}
 }
