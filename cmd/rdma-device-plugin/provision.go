@@ -31,6 +31,7 @@ const defaultCNIStateDir = "/var/lib/cni/sriov"
 type provisionFlags struct {
 	policy, stateDir, cniStateDir, nodeLabels string
 	timeout                                   time.Duration
+	retry                                     time.Duration // serve only
 }
 
 func registerProvisionFlags(fs *flag.FlagSet, f *provisionFlags) {
@@ -85,13 +86,21 @@ func inUse(ctx context.Context, snap *nic.Snapshot, podResources, cniStateDir st
 			}
 		}
 	}
+	// A VF a pod was allocated is also the CNI's attachment: both are
+	// named, the pod first.
+	add := func(a, who string) {
+		if prev, ok := out[a]; ok && prev != who {
+			who = prev + "; " + who
+		}
+		out[a] = who
+	}
 	if cniStateDir != "" {
 		held, err := cniAttached(cniStateDir)
 		if err != nil {
 			unknown("CNI state "+cniStateDir, err)
 		}
 		for a, who := range held {
-			out[a] = who
+			add(a, who)
 		}
 	}
 	if dra != nil {
@@ -100,7 +109,7 @@ func inUse(ctx context.Context, snap *nic.Snapshot, podResources, cniStateDir st
 			unknown("DRA checkpoint", err)
 		}
 		for a, who := range held {
-			out[a] = who
+			add(a, who)
 		}
 	}
 	return out, warns

@@ -575,7 +575,7 @@ func TestServeFlags(t *testing.T) {
 	want := func(mod func(f *serveFlags)) serveFlags {
 		f := serveFlags{config: defaultConfig, resourcePrefix: "mellanox.com", hostRoot: "/", nodeRoot: "/", podResources: "/var/lib/kubelet/pod-resources/kubelet.sock", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
 			metricsAddr: defaultMetrics, logLevel: "info", dra: defaultDRAFlags(),
-			provision: provisionFlags{stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir, timeout: provision.DefaultTimeout}}
+			provision: provisionFlags{stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir, timeout: provision.DefaultTimeout, retry: defaultProvisionRetry}}
 		if mod != nil {
 			mod(&f)
 		}
@@ -594,6 +594,9 @@ func TestServeFlags(t *testing.T) {
 		{"resource-prefix", []string{"--resource-prefix=nvidia.com"}, want(func(f *serveFlags) { f.resourcePrefix = "nvidia.com" })},
 		{"policy", []string{"--policy=/etc/fastpath/policy.yaml", "--node-labels=a=b"}, want(func(f *serveFlags) {
 			f.provision.policy, f.provision.nodeLabels = "/etc/fastpath/policy.yaml", "a=b"
+		})},
+		{"provision-retry", []string{"--policy=p.yaml", "--provision-retry=2s"}, want(func(f *serveFlags) {
+			f.provision.policy, f.provision.retry = "p.yaml", 2*time.Second
 		})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
