@@ -23,11 +23,11 @@ type Host struct {
 	// sriov/<vf>/node and sriov/<vf>/port under the PF, the VF's GUIDs,
 	// which a probe of the VF then shows as its node GUID.
 	MLNXOFED bool
-	// Probed, when set, is called after a VF's probe added its netdev
-	// and RDMA device.
+	// Probed, when set, is called when a VF is probed, with the name of
+	// the netdev it gets, before sysfs shows the netdev and RDMA device.
 	Probed func(vf, netdev string) error
-	// Removed, when set, is called with the netdevs that went with an
-	// unbind or a sriov_numvfs 0.
+	// Removed, when set, is called with the netdevs an unbind or a
+	// sriov_numvfs 0 removes, before sysfs stops showing them.
 	Removed func(netdevs []string)
 }
 
@@ -76,16 +76,13 @@ func (h *Host) SetNumVFs(pf string, n int) (autoprobed []string, err error) {
 		for _, l := range links {
 			gone = append(gone, h.netdevs(l)...)
 		}
-		if err := fixture.DisableVFs(h.Root, pf); err != nil {
-			return nil, err
-		}
+		h.removed(gone)
 		if h.MLNXOFED {
 			if err := os.RemoveAll(h.dev(pf, "sriov")); err != nil {
 				return nil, err
 			}
 		}
-		h.removed(gone)
-		return nil, nil
+		return nil, fixture.DisableVFs(h.Root, pf)
 	}
 	if h.MLNXOFED {
 		// Before the VFs show on the bus: a writer that sees them may
@@ -169,12 +166,8 @@ func (h *Host) Bind(addr, driver string) (probe bool, err error) {
 // Unbind unbinds the function from its driver, as writing its address to
 // the driver's unbind does; its netdevs and RDMA devices go.
 func (h *Host) Unbind(addr string) error {
-	gone := h.netdevs(h.dev(addr))
-	if err := fixture.UnbindDriver(h.Root, addr); err != nil {
-		return err
-	}
-	h.removed(gone)
-	return nil
+	h.removed(h.netdevs(h.dev(addr)))
+	return fixture.UnbindDriver(h.Root, addr)
 }
 
 // Probe is mlx5_core and mlx5_ib binding the VF at addr: its netdev and
@@ -203,16 +196,16 @@ func (h *Host) Probe(addr string, guid net.HardwareAddr) error {
 		h := fmt.Sprintf("%x", []byte(guid))
 		s = h[0:4] + ":" + h[4:8] + ":" + h[8:12] + ":" + h[12:16]
 	}
-	if err := fixture.ProbeVF(h.Root, addr, s); err != nil {
-		return err
-	}
-	if h.Probed == nil {
-		return nil
-	}
-	for _, n := range h.netdevs(h.dev(addr)) {
-		if err := h.Probed(addr, n); err != nil {
+	if h.Probed != nil {
+		// Before sysfs shows the netdev: whoever sees it there finds
+		// the link too, as on a node.
+		name, err := fixture.VFNetdev(h.Root, addr)
+		if err != nil {
+			return err
+		}
+		if err := h.Probed(addr, name); err != nil {
 			return err
 		}
 	}
-	return nil
+	return fixture.ProbeVF(h.Root, addr, s)
 }
