@@ -3,7 +3,10 @@
 # pods, no API server), containerd and runc run a pod that asks for
 # mellanox.com/mlnx_sriov_rdma; our rdma-device-plugin serves the DGX H100
 # fixture host and our sriov CNI moves the VF's netdev (a veth stand-in)
-# into the pod. See test/e2e/README.md for what it asserts and why.
+# into the pod. Its provisioning phase (provision.sh) has the plugin create
+# the VFs of the seed's SriovNetworkNodePolicy on a host without any, the
+# kernel played by kernel-standin. See test/e2e/README.md for what it
+# asserts and why.
 #
 # Usage (root): make e2e   or   test/e2e/run.sh
 # Env: WORK (default $REPO/.e2e-work); the versions in lib.sh; E2E_CNI=bridge
