@@ -1,6 +1,8 @@
-// Package provisiontest is a fake provision.Kernel over a fixture host
-// (internal/fixture): each call changes the host's sysfs the way the
-// kernel and mlx5 would, since this machine has no SR-IOV PF to change.
+// Package provisiontest plays the kernel over a fixture host
+// (internal/fixture), since this machine has no SR-IOV PF to change: Host
+// is what the PCI core and mlx5 do to the host's sysfs; Kernel is a fake
+// provision.Kernel that calls it, and Standin calls it when a process
+// writes the host's attribute files.
 package provisiontest
 
 import (
@@ -22,7 +24,7 @@ import (
 // mlx5_core shows its netdev and RDMA device ProbeDelay later, as a
 // driver's probe does after the write returned.
 type Kernel struct {
-	Root       string
+	Root       string // as given to New
 	ProbeDelay time.Duration
 
 	mu       sync.Mutex // guards the fields below and the tree
