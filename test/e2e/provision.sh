@@ -45,12 +45,14 @@ pfs_have() {
 # guids_as_planned: each VF's RDMA device has the node GUID the plan's
 # GUID step gives it, and MLNX_OFED's port file holds it too.
 guids_as_planned() {
-	local pf k g vf ib n=0
+	local pf k g vf ib node port n=0
 	while read -r pf k g; do
 		vf=$(vf_of "$pf" "$k")
-		ib=$(ls "$(sys_dev "$vf" infiniband)")
-		if [[ $(tr -d ':\n' <"$HOST/sys/class/infiniband/$ib/node_guid") != "${g//:/}" || $(<"$(sys_dev "$pf" "sriov/$k/port")") != "$g" ]]; then
-			log "GUID of $vf (VF $k of $pf): want $g, node_guid $(<"$HOST/sys/class/infiniband/$ib/node_guid"), port $(<"$(sys_dev "$pf" "sriov/$k/port")")"
+		ib=$(ls "$(sys_dev "$vf" infiniband)" 2>/dev/null || true)
+		node=$(cat "$HOST/sys/class/infiniband/${ib:-none}/node_guid" 2>/dev/null || true)
+		port=$(cat "$(sys_dev "$pf" "sriov/$k/port")" 2>/dev/null || true)
+		if [[ -z $ib || ${node//:/} != "${g//:/}" || $port != "$g" ]]; then
+			log "GUID of VF $k of $pf ($vf): want $g; RDMA device '$ib', its node_guid '$node'; MLNX_OFED port '$port'"
 			return 1
 		fi
 		n=$((n + 1))
