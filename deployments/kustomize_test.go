@@ -67,7 +67,7 @@ func TestKustomizationsDecode(t *testing.T) {
 		}
 		return err
 	}))
-	require.ElementsMatch(t, []string{".", "components/cdi", "nfd", "components/dra"}, dirs)
+	require.ElementsMatch(t, []string{".", "components/cdi", "nfd", "components/dra", "components/provision"}, dirs)
 	for _, d := range dirs {
 		if kustomization(t, d).Kind == kustypes.KustomizationKind {
 			render(t, d)

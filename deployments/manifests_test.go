@@ -50,6 +50,13 @@ var pluginFlagDefaults = map[string]string{
 	"log-level":            "info",
 	"cdi-spec-dir":         "",
 	"use-cdi":              "false",
+	// Provisioning (components/provision).
+	"policy":              "",
+	"provision-state-dir": "/var/lib/fastpath/provision",
+	"cni-state-dir":       "/var/lib/cni/sriov",
+	"node-labels":         "",
+	"node-name":           "",
+	"provision-timeout":   "1m0s",
 }
 
 // pluginBoolFlags may be given without a value (--use-cdi).
@@ -99,7 +106,8 @@ type manifests struct {
 // yamlFiles lists the manifests: the YAML files of deployments/ and its
 // subdirectories (examples/, nfd/), but not the kustomizations
 // (kustomize_test.go renders those) nor components/dra (patches and DRA
-// examples: dra_test.go checks them).
+// examples: dra_test.go checks them) nor components/provision (patches:
+// provision_test.go renders them).
 func yamlFiles(t *testing.T) []string {
 	t.Helper()
 	var files []string
@@ -107,7 +115,7 @@ func yamlFiles(t *testing.T) []string {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && p == "components/dra" {
+		if d.IsDir() && (p == "components/dra" || p == "components/provision") {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) && d.Name() != kustomizationFile {
@@ -425,6 +433,14 @@ func TestDaemonSet(t *testing.T) {
 // renders); extraHostPaths are the hostPaths an overlay adds.
 func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 	t.Helper()
+	requireDaemonSetCaps(t, m, nil, extraHostPaths...)
+}
+
+// requireDaemonSetCaps is requireDaemonSet where the plugin's container
+// adds the capabilities caps (components/provision); the init container
+// never adds any.
+func requireDaemonSetCaps(t *testing.T, m *manifests, caps []corev1.Capability, extraHostPaths ...string) {
+	t.Helper()
 	ds := m.daemonSets[0]
 	spec := &ds.Spec.Template.Spec
 
@@ -468,7 +484,11 @@ func requireDaemonSet(t *testing.T, m *manifests, extraHostPaths ...string) {
 		require.True(t, *sc.ReadOnlyRootFilesystem, "container %s", c.Name)
 		require.NotNil(t, sc.Capabilities, "container %s", c.Name)
 		require.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop, "container %s", c.Name)
-		require.Empty(t, sc.Capabilities.Add, "container %s", c.Name)
+		if c.Name == spec.Containers[0].Name && caps != nil {
+			require.Equal(t, caps, sc.Capabilities.Add, "container %s", c.Name)
+		} else {
+			require.Empty(t, sc.Capabilities.Add, "container %s", c.Name)
+		}
 		for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 			require.Contains(t, c.Resources.Requests, r, "container %s requests", c.Name)
 			require.Contains(t, c.Resources.Limits, r, "container %s limits", c.Name)

@@ -66,6 +66,8 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	prefix := fs.String("resource-prefix", pool.DefaultExclusivePrefix, "resource prefix of resourceList pools that give none (configList pools: "+pool.DefaultSharedPrefix+")")
 	output := fs.String("o", "table", "output format: table or json")
 	policyPath := fs.String("policy", "", "SriovNetworkNodePolicy file: show which policy owns each PF, what it wants, and its pools")
+	var node nodeFlags
+	registerNodeFlags(fs, &node)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [--policy FILE] [--resource-prefix P] [-o table|json]\n\n"+
 			"Shows the node's Mellanox/NVIDIA NIC functions (PF -> VFs -> netdev -> RDMA device -> char devices)\n"+
@@ -102,7 +104,11 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err != nil {
 			return fmt.Errorf("discover %s: %w", *hostRoot, err)
 		}
-		plan = provision.NewPlan(policies, provision.Node{Root: *hostRoot, Snapshot: snap})
+		nl, err := node.resolve(ctx, podEnv())
+		if err != nil {
+			return err
+		}
+		plan = provision.NewPlan(policies, provision.Node{Root: *hostRoot, Snapshot: snap, Labels: nl.labels, LabelsErr: nl.err})
 		cfg = provision.Merge(cfg, provision.Resources(plan, *prefix))
 	}
 	report, err := discover(*hostRoot, cfg)

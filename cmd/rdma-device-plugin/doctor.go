@@ -44,7 +44,7 @@ Exit status: 0 all ok, 1 warnings only, 2 any failure (or bad usage).
 
 `
 
-func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error {
+func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	defRoot := defaultHostRoot()
@@ -60,6 +60,8 @@ func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error
 	ncclLog := fs.String("nccl-log", "", "an NCCL_DEBUG=INFO log to explain")
 	output := fs.String("o", "table", "output format: table or json")
 	policyPath := fs.String("policy", "", "SriovNetworkNodePolicy file: say where the node and the policies disagree, and why")
+	var node nodeFlags
+	registerNodeFlags(fs, &node)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, doctorUsage)
 		fs.PrintDefaults()
@@ -104,10 +106,13 @@ func runDoctor(_ context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return usage("%v", err)
 		}
-		p := &provisioner{flags: provisionFlags{policy: *policyPath, stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir},
+		if _, err := parseLabels(node.labels); err != nil {
+			return usage("%v", err)
+		}
+		p := &provisioner{flags: provisionFlags{policy: *policyPath, stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir, node: node},
 			hostRoot: *hostRoot, podResources: plugin.DefaultPodResourcesSocket, dra: draPrepared(draFlags{}),
-			log: slog.New(slog.DiscardHandler), policies: ps}
-		if plan, _, err := p.plan(context.Background()); err == nil {
+			log: slog.New(slog.DiscardHandler), policies: ps, env: podEnv()}
+		if plan, _, err := p.plan(ctx); err == nil {
 			o.Plan, o.PolicyPath = plan, *policyPath
 		}
 	}

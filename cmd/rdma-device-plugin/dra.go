@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 
 	"k8s.io/client-go/kubernetes"
@@ -30,10 +29,16 @@ type draFlags struct {
 
 func registerDRAFlags(fs *flag.FlagSet, f *draFlags) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "DRA: kubeconfig for the API server (default: the pod's service account)")
-	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "DRA: this node's name (default $NODE_NAME)")
 	fs.StringVar(&f.pluginDir, "dra-plugin-dir", dra.DefaultPluginDir, "DRA: the plugin's directory for dra.sock and its checkpoint; the same path on the node")
 	fs.StringVar(&f.registryDir, "dra-registry-dir", dra.DefaultRegistryDir, "DRA: the kubelet's plugin registration directory")
 	fs.StringVar(&f.cdiDir, "dra-cdi-dir", dra.DefaultCDIDir, "DRA: where a CDI spec per prepared claim goes (the container runtime's CDI directory)")
+}
+
+// withNode is f with the node's name (--node-name, a flag of both builds:
+// registerNodeFlags).
+func (f draFlags) withNode(name string) draFlags {
+	f.nodeName = name
+	return f
 }
 
 // draHook runs the DRA driver beside the device plugin when the config

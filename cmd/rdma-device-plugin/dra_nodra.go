@@ -26,6 +26,8 @@ type draFlags struct{}
 
 func registerDRAFlags(*flag.FlagSet, *draFlags) {}
 
+func (f draFlags) withNode(string) draFlags { return f }
+
 type draHook struct{}
 
 func (*draHook) stop() error { return nil }

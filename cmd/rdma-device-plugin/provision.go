@@ -29,32 +29,18 @@ const defaultCNIStateDir = "/var/lib/cni/sriov"
 // provisionFlags say where the policies are and what may be asked about
 // the node; serve and the provision subcommand share them.
 type provisionFlags struct {
-	policy, stateDir, cniStateDir, nodeLabels string
-	timeout                                   time.Duration
-	retry                                     time.Duration // serve only
+	policy, stateDir, cniStateDir string
+	node                          nodeFlags
+	timeout                       time.Duration
+	retry                         time.Duration // serve only
 }
 
 func registerProvisionFlags(fs *flag.FlagSet, f *provisionFlags) {
 	fs.StringVar(&f.policy, "policy", "", "SriovNetworkNodePolicy file (YAML or JSON: one, a List, or several documents): create the VFs it asks for before serving, and serve its resourceName pools; empty: no provisioning")
 	fs.StringVar(&f.stateDir, "provision-state-dir", provision.DefaultStateDir, "where provisioning keeps its write-ahead record of a PF being changed (keep it on the node: a hostPath)")
 	fs.StringVar(&f.cniStateDir, "cni-state-dir", defaultCNIStateDir, "the sriov CNI's stateDir: a VF it attached to a pod is in use")
-	fs.StringVar(&f.nodeLabels, "node-labels", os.Getenv("FASTPATH_NODE_LABELS"), "this node's labels (k=v,k=v) for the policies' nodeSelector; empty: unknown, every policy applies (default $FASTPATH_NODE_LABELS)")
+	registerNodeFlags(fs, &f.node)
 	fs.DurationVar(&f.timeout, "provision-timeout", provision.DefaultTimeout, "how long one PF's new VFs may take to show their netdevs and RDMA devices")
-}
-
-func parseLabels(s string) (map[string]string, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	out := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("--node-labels: %q is not key=value", kv)
-		}
-		out[k] = v
-	}
-	return out, nil
 }
 
 // inUse names who holds each VF, from every place that says: the
@@ -163,6 +149,13 @@ type provisioner struct {
 	dra          func() (map[string]string, error)
 	log          *slog.Logger
 	policies     []provision.Policy
+	// env is where the node's labels are read from (podEnv).
+	env nodeEnv
+	// labelsFrom and labelsErr are the last plan's: where the node's
+	// labels came from; why they were unreadable (the policies with a
+	// nodeSelector then wait for them).
+	labelsFrom string
+	labelsErr  error
 }
 
 // plan scans the node and plans the policies on it.
@@ -171,11 +164,17 @@ func (p *provisioner) plan(ctx context.Context) (*provision.Plan, *nic.Snapshot,
 	if err != nil {
 		return nil, nil, fmt.Errorf("provision: scan %s: %w", p.hostRoot, err)
 	}
-	labels, err := parseLabels(p.flags.nodeLabels)
+	nl, err := p.flags.node.resolve(ctx, p.env)
 	if err != nil {
 		return nil, nil, err
 	}
-	node := provision.Node{Root: p.hostRoot, Snapshot: snap, Labels: labels}
+	p.labelsFrom, p.labelsErr = nl.source, nl.err
+	if nl.err != nil {
+		p.log.Error("provision: this node's labels could not be read: the policies with a nodeSelector are not applied until they can be", "err", nl.err)
+	} else {
+		p.log.Info("provision: node labels", "from", nl.source, "labels", nl.labels)
+	}
+	node := provision.Node{Root: p.hostRoot, Snapshot: snap, Labels: nl.labels, LabelsErr: nl.err}
 	if routes, err := plugin.DefaultRouteNetdevs(nil); err == nil {
 		node.DefaultRoutes = routes
 	} else {
@@ -234,7 +233,7 @@ func runProvision(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	p := &provisioner{flags: f, hostRoot: *hostRoot, podResources: *podResources, dra: draPrepared(draFlags{}), log: log, policies: policies}
+	p := &provisioner{flags: f, hostRoot: *hostRoot, podResources: *podResources, dra: draPrepared(draFlags{}), log: log, policies: policies, env: podEnv()}
 	plan, _, err := p.plan(ctx)
 	if err != nil {
 		return err
@@ -242,11 +241,14 @@ func runProvision(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(planReport(plan)); err != nil {
+		r := planReport(plan)
+		r.NodeLabels = p.labelsFrom
+		if err := enc.Encode(r); err != nil {
 			return err
 		}
 	} else {
 		writePlan(stdout, plan, !*dryRun)
+		fmt.Fprintf(stdout, "node labels: %s\n", p.labelsFrom)
 	}
 	if *dryRun {
 		return nil
@@ -278,6 +280,9 @@ type pfReport struct {
 type planJSON struct {
 	PFs      []pfReport `json:"pfs"`
 	Warnings []string   `json:"warnings"`
+	// NodeLabels says where the labels the nodeSelectors were matched
+	// against came from (provision only).
+	NodeLabels string `json:"nodeLabels,omitempty"`
 }
 
 func planReport(plan *provision.Plan) planJSON {

@@ -70,6 +70,8 @@ func (p *provisioner) once(ctx context.Context, metrics *plugin.Metrics) (*provi
 		pending = true
 		p.log.Error("provision: apply failed; retried", "err", err, "every", p.retryEvery().String())
 	}
+	// The policies with a nodeSelector wait for the node's labels.
+	pending = pending || p.labelsErr != nil
 	for _, pf := range plan.PFs {
 		metrics.SetVFs(pf.Address, pf.Policy, pf.Want, p.numVFs(pf.Address))
 	}
@@ -119,5 +121,5 @@ func (p *provisioner) retry(ctx context.Context, metrics *plugin.Metrics) {
 
 // newProvisioner is the serve path's provisioner.
 func newProvisioner(f serveFlags, log *slog.Logger) *provisioner {
-	return &provisioner{flags: f.provision, hostRoot: f.hostRoot, podResources: f.podResources, dra: draPrepared(f.dra), log: log}
+	return &provisioner{flags: f.provision, hostRoot: f.hostRoot, podResources: f.podResources, dra: draPrepared(f.dra), log: log, env: podEnv()}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,12 +49,14 @@ func TestProvisionDryRun(t *testing.T) {
 	require.Len(t, plan.PFs, 8)
 	require.Equal(t, 8, plan.PFs[0].Want)
 	require.Len(t, plan.PFs[0].Steps, 27)
+	require.Contains(t, plan.NodeLabels, "unknown")
 
 	// Labels that the seed's nodeSelector does not match: nothing to do.
 	out.Reset()
 	require.NoError(t, run(context.Background(), provisionArgs(t, host, "--dry-run", "--node-labels", "kubernetes.io/os=linux"), &out, &errs))
 	require.Contains(t, out.String(), "nodeSelector")
 	require.Contains(t, out.String(), "nothing to change")
+	require.Contains(t, out.String(), "node labels: --node-labels\n")
 
 	err = run(context.Background(), []string{"provision", "--dry-run"}, &out, &errs)
 	require.ErrorContains(t, err, "--policy FILE is required")
@@ -113,6 +116,14 @@ func TestDiscoverWithPolicy(t *testing.T) {
 	require.Len(t, pools, 1)
 	require.Equal(t, "mellanox.com/mlnx_sriov_rdma", pools[0].(map[string]any)["resource"])
 	require.Len(t, pools[0].(map[string]any)["devices"], 32)
+
+	// The seed's nodeSelector, matched against the node's labels as
+	// provisioning matches it.
+	v = discoverJSON(t, "--host-root", fixture("dgx-h100"), "--policy", seedPolicy(), "--node-labels", "kubernetes.io/os=linux")
+	require.Empty(t, v["provisioning"])
+	require.Contains(t, fmt.Sprint(v["warnings"]), "policy ib-rails: nodeSelector map[feature.node.kubernetes.io/network-sriov.capable:true] does not match this node's labels")
+	v = discoverJSON(t, "--host-root", fixture("dgx-h100"), "--policy", seedPolicy(), "--node-labels", "feature.node.kubernetes.io/network-sriov.capable=true")
+	require.Len(t, v["provisioning"], 8)
 
 	var out, errs bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"discover", "--host-root", provisionedHost(t), "--policy", seedPolicy()}, &out, &errs))

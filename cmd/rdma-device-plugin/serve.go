@@ -94,6 +94,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	if f.useCDI && f.cdiDir == "" {
 		f.cdiDir = defaultCDIDir
 	}
+	f.dra = f.dra.withNode(f.provision.node.name)
 	return &f, nil
 }
 

@@ -216,6 +216,19 @@ spec: {resourceName: r, numVfs: 2, nicSelector: {vendor: "15b3"}}
 	require.Empty(t, plan.PFs)
 	require.Contains(t, plan.Warnings[0], "nodeSelector")
 
+	// Labels that should be known and could not be read: a policy with a
+	// nodeSelector may be meant for other nodes and is not applied; one
+	// without applies.
+	n.Labels, n.LabelsErr = nil, errors.New("get node n1: forbidden (403)")
+	plan = provision.NewPlan(policies(t, twoRails+"  nodeSelector: {role: gpu}\n"), n)
+	require.Empty(t, plan.PFs)
+	require.Len(t, plan.Warnings, 1)
+	require.Contains(t, plan.Warnings[0], "policy rails: nodeSelector map[role:gpu]: not applied, this node's labels are unknown: get node n1: forbidden (403)")
+	require.Equal(t, n.LabelsErr, plan.LabelsErr)
+	plan = provision.NewPlan(policies(t, twoRails), n)
+	require.Len(t, plan.PFs, 2)
+	n.LabelsErr = nil
+
 	plan = provision.NewPlan(policies(t, strings.Replace(twoRails, "ibp16s0, ibp17s0", "ens9", 1)), n)
 	require.Empty(t, plan.PFs)
 	require.Contains(t, plan.Warnings[0], "matches no PF")

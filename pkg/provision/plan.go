@@ -31,6 +31,10 @@ type Node struct {
 	// Labels are the node's labels; nil when unknown, and then every
 	// policy's nodeSelector is taken to match.
 	Labels map[string]string
+	// LabelsErr says why the labels, which should be known (the node's
+	// name is), could not be read. A policy with a nodeSelector is then
+	// not applied (it may be meant for other nodes); one without is.
+	LabelsErr error
 	// DefaultRoutes are the netdevs that carry the node's default route.
 	DefaultRoutes []string
 	// InUse says who holds a VF, by PCI address ("pod ns/name").
@@ -79,6 +83,9 @@ type Plan struct {
 	Policies []Policy
 	PFs      []PF // by PCI address
 	Warnings []string
+	// LabelsErr is the node's (Node.LabelsErr): its policies with a
+	// nodeSelector were left out.
+	LabelsErr error
 }
 
 // PF returns the plan of the PF at addr.
@@ -163,7 +170,7 @@ func overlaps(a, b [][2]int) bool {
 // policy that matches no PF, and a PF that carries the default route and
 // is not named by pfNames or rootDevices, are warnings.
 func NewPlan(policies []Policy, node Node) *Plan {
-	plan := &Plan{Policies: policies}
+	plan := &Plan{Policies: policies, LabelsErr: node.LabelsErr}
 	order := slices.Clone(policies)
 	sort.SliceStable(order, func(i, j int) bool {
 		if order[i].Priority != order[j].Priority {
@@ -178,6 +185,10 @@ func NewPlan(policies []Policy, node Node) *Plan {
 	byAddr := map[string]*PF{}
 	for i := range order {
 		p := &order[i]
+		if node.LabelsErr != nil && len(p.NodeSelector) > 0 {
+			plan.Warnings = append(plan.Warnings, fmt.Sprintf("policy %s: nodeSelector %v: not applied, this node's labels are unknown: %v", p.Name, p.NodeSelector, node.LabelsErr))
+			continue
+		}
 		if !nodeSelected(p, node.Labels) {
 			plan.Warnings = append(plan.Warnings, fmt.Sprintf("policy %s: nodeSelector %v does not match this node's labels: not applied", p.Name, p.NodeSelector))
 			continue

@@ -166,7 +166,10 @@ test_dra() {
 	dra_numa_pod
 	dra_unsatisfiable
 	dra_plugin_restart
+	dra_kubelet_restart # dra-restart.sh
+	dra_reboot
 	dra_delete
+	dra_node_deleted
 }
 
 # dra_deploy applies the device plugin's overlay (image, fixture host root)
@@ -439,7 +442,7 @@ dra_plugin_restart() {
 # unprepares them — CDI specs, device-info files and checkpoint entries
 # gone — and the VFs' stand-ins are back on the host.
 dra_delete() {
-	kubectl -n default delete pod "$TEMPLATE_POD" "$MULTUS_POD" "$STUCK_POD" --wait=false >/dev/null
+	kubectl -n default delete pod "$TEMPLATE_POD" "$MULTUS_POD" "$STUCK_POD" "$PROBE_POD" --wait=false >/dev/null
 	dra_require "DRA pods deleted" 120 no_dra_pods
 	check "claim $TEMPLATE_CLAIM (made from the template) deleted with its pod" \
 		wait_for 30 "template claim gone" claim_gone default "$TEMPLATE_CLAIM"
@@ -449,7 +452,7 @@ dra_delete() {
 		wait_for 30 "claim released" claim_released default "$STUCK_CLAIM"
 	kubectl delete -k "$RUN/dra-template" --ignore-not-found >/dev/null
 	kubectl delete -k "$RUN/dra-multus" --ignore-not-found >/dev/null
-	kubectl -n default delete resourceclaim "$STUCK_CLAIM" >/dev/null
+	kubectl -n default delete resourceclaim "$STUCK_CLAIM" "$PROBE_CLAIM" >/dev/null
 	check "claims unprepared: no $DRA_DRIVER CDI spec left in $CDI_DIR" wait_for 30 "specs removed" no_cdi_specs our_cdi_specs
 	check "claims unprepared by the stand-in GPU driver too" wait_for 30 "gpu specs removed" no_cdi_specs gpu_cdi_specs
 	check "no prepared claim left in the DRA plugin's checkpoint" wait_for 30 "checkpoint empty" checkpoint_is 0

@@ -5,7 +5,8 @@
 # over the reference bridge, whereabouts — with deployments/ applied as
 # shipped through `kubectl apply -k`, the seed's NAD and training pod, and
 # deployments/examples/; then the DRA phase (dra.sh) with
-# deployments/components/dra. The node is the DGX H100 fixture host. See
+# deployments/components/dra, and the provisioning phase (provision.sh)
+# with deployments/components/provision. The node is the DGX H100 fixture host. See
 # test/e2e-cluster/README.md for what it checks and why.
 #
 # Usage (root): make e2e-cluster   or   test/e2e-cluster/run.sh
@@ -18,6 +19,8 @@ source "$(dirname "$0")/lib.sh"
 source "$CLUSTER_DIR/cluster.sh"
 source "$CLUSTER_DIR/checks.sh"
 source "$CLUSTER_DIR/dra.sh"
+source "$CLUSTER_DIR/dra-restart.sh"
+source "$CLUSTER_DIR/provision.sh"
 
 HOST=$RUN/host # copy of the fixture host, with real char devices
 FIXTURE=$REPO/testdata/sysfs/dgx-h100
@@ -34,7 +37,7 @@ KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_
 # the kubelet's root, whereabouts' flat file, the CNI state): removed on exit
 # when they were not there before.
 HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/netns /usr/libexec/kubernetes
-	/opt/cni /etc/cni /run/k8s.cni.cncf.io /var/lib/cni /var/lib/cni/results /var/lib/cni/sriov /var/run/cdi)
+	/opt/cni /etc/cni /run/k8s.cni.cncf.io /var/lib/cni /var/lib/cni/results /var/lib/cni/sriov /var/run/cdi /var/lib/fastpath)
 # HOST_FILES are what the run writes into host directories that may have
 # been there before it (a workstation with CNI plugins installed): the
 # DaemonSet's init container installs sriov, and whereabouts reads its
@@ -118,7 +121,8 @@ host_links() {
 host_mounts() { awk -v w="$WORK/" -v k="$K" 'index($5, w) == 1 || $5 == k || index($5, k "/") == 1 { print $5 }' /proc/self/mountinfo | sort; }
 # cni_cache lists libcni's result cache, where containerd keeps each
 # attachment until its DEL succeeds.
-cni_cache() { find /var/lib/cni/results -mindepth 1 2>/dev/null | sort; }
+# Nothing when the directory is missing (find fails; set -e, pipefail).
+cni_cache() { { find /var/lib/cni/results -mindepth 1 2>/dev/null || true; } | sort; }
 # iptables_rules lists the host's rules when iptables is installed.
 iptables_rules() {
 	if command -v iptables-save >/dev/null; then iptables-save 2>/dev/null | grep -v '^#' | sed 's/\[[0-9:]*\]//'; fi
@@ -187,6 +191,7 @@ cleanup() {
 		kubectl delete pods --all -n default --wait=false >/dev/null 2>&1
 		kubectl delete -k "$RUN/deploy" --wait=false >/dev/null 2>&1
 		[[ -d $RUN/deploy-dra ]] && kubectl delete -k "$RUN/deploy-dra" --wait=false >/dev/null 2>&1
+		[[ -d $RUN/deploy-provision ]] && kubectl delete -k "$RUN/deploy-provision" --ignore-not-found --wait=false >/dev/null 2>&1
 		wait_for 90 "kubelet stopped the pods" no_pod_tasks
 	fi
 	local p
@@ -268,6 +273,7 @@ main() {
 	test_kubelet_restart
 	test_delete
 	test_dra
+	test_provision
 	log "test steps done in $(elapsed "$t0")s"
 }
 

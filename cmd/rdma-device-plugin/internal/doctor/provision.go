@@ -14,6 +14,10 @@ import (
 // port of the other link type, or simply not provisioned yet.
 func (h *host) checkProvision() {
 	plan := h.opts.Plan
+	if plan.LabelsErr != nil {
+		h.add("provision", Fail, "node labels", "the policies with a nodeSelector are not applied: "+plan.LabelsErr.Error(),
+			"the plugin reads its Node's labels with its service account: NODE_NAME from the downward API, the token mounted and RBAC get on nodes (deployments/components/provision has them), or pass --node-labels")
+	}
 	for _, w := range plan.Warnings {
 		h.add("provision", Warn, h.opts.PolicyPath, w, "fix the policy's nicSelector or nodeSelector, or drop the policy")
 	}

@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,4 +49,13 @@ spec: {resourceName: nn, numVfs: 2, nicSelector: {pfNames: [ens9]}}
 	r = Run(Options{HostRoot: root, PolicyPath: "p.yaml", Plan: provision.NewPlan(ps, provision.Node{Root: root, Snapshot: snap})})
 	c := requireCheck(t, r, "provision", Warn, "0000:10:00.0", "not provisioned yet", "GUID")
 	require.Contains(t, c.Fix, "--policy")
+
+	// The node's labels could not be read: the policies with a
+	// nodeSelector wait, and doctor says how to let the plugin read them.
+	ps[0].NodeSelector = map[string]string{"role": "gpu"}
+	r = Run(Options{HostRoot: root, PolicyPath: "p.yaml", Plan: provision.NewPlan(ps, provision.Node{Root: root, Snapshot: snap,
+		LabelsErr: errors.New("node n1: labels: get node n1: forbidden (403)")})})
+	c = requireCheck(t, r, "provision", Fail, "node labels", "nodeSelector are not applied", "forbidden (403)")
+	require.Contains(t, c.Fix, "RBAC get on nodes")
+	requireCheck(t, r, "provision", Warn, "policy rails: nodeSelector map[role:gpu]: not applied")
 }

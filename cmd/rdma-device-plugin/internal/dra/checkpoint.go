@@ -38,6 +38,10 @@ type preparedClaim struct {
 	CDISpec string `json:"cdiSpec"`
 	// DevInfo are the device-info files written for the claim's VFs.
 	DevInfo []string `json:"devInfo,omitempty"`
+	// Env are the PCI addresses of the VFs its spec's environment names
+	// when they are not its own (envPeers: its pod's other claims' too),
+	// so that a spec written again (restoreFiles) names the same.
+	Env []string `json:"env,omitempty"`
 }
 
 // preparedDevice is one of the claim's allocation results of this driver.

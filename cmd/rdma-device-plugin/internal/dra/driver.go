@@ -94,6 +94,8 @@ type Driver struct {
 	kick chan struct{}
 	// publisherDone is closed when the publisher goroutine has ended.
 	publisherDone chan struct{}
+	// failpoint is called at Prepare's step boundaries (point); tests only.
+	failpoint func(string)
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -127,7 +129,7 @@ func New(opts Options) (*Driver, error) {
 		return nil, err
 	}
 	// What a killed run's write left; nothing writes before Start.
-	if err := w.RemoveStaging(); err != nil {
+	if err := errors.Join(w.RemoveStaging(), removeTemporaries(cpPath, cp)); err != nil {
 		opts.Log.Warn("dra: leftovers of a killed run", "err", err)
 	}
 	return &Driver{
@@ -142,6 +144,7 @@ func New(opts Options) (*Driver, error) {
 // far and follows link events until ctx ends or Stop.
 func (d *Driver) Start(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, logr.FromSlogHandler(d.log.Handler()))
+	d.restoreFiles() // before the kubelet can call: after a reboot they are gone
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.KubeClient(d.opts.KubeClient),

@@ -19,3 +19,7 @@ func Resources(poolName string, pools []pool.Pool, unhealthy map[string]string, 
 
 // SamePublication is samePublication.
 var SamePublication = samePublication
+
+// SetFailpoint makes d call f at each step boundary of Prepare (before
+// Start).
+func SetFailpoint(d *Driver, f func(string)) { d.failpoint = f }

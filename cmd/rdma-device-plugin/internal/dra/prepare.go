@@ -16,6 +16,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
@@ -64,6 +65,7 @@ func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devs}
 	}
+	d.point("prepare:answer")
 	return out, nil
 }
 
@@ -249,12 +251,14 @@ func (d *Driver) writeLocked(p *claimPlan) ([]kubeletplugin.Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 	}
+	rec.Env = envAddrs(p.devs, p.env)
 	prev := d.cp.Claims[c.UID]
 	d.cp.Claims[c.UID] = rec
 	if err := d.cp.save(d.cpPath); err != nil {
 		d.restoreLocked(c.UID, prev)
 		return nil, err
 	}
+	d.point("prepare:journal")
 	if err := d.writeClaimFiles(rec, spec, p.devs); err != nil {
 		if prev == nil {
 			d.removeClaimFiles(rec)
@@ -306,18 +310,23 @@ func (d *Driver) writeClaimFiles(rec *preparedClaim, spec *cdispec.Spec, devs []
 	if err := d.cdi.Write(spec, rec.CDISpec); err != nil {
 		return err
 	}
+	d.point("prepare:cdi")
 	if len(rec.DevInfo) > 0 {
 		if err := os.MkdirAll(d.opts.DevInfoDir, 0o755); err != nil {
 			return fmt.Errorf("devinfo %s: %w", d.opts.DevInfoDir, err)
 		}
 	}
 	for i, path := range rec.DevInfo {
-		dv := devs[i].dev
-		if err := devinfo.Write(path, devinfo.NewPCI(dv.PCIAddress, dv.RDMADevice, dv.PFAddress), 0o444); err != nil {
+		if err := writeDevInfo(path, devs[i].dev); err != nil {
 			return err
 		}
+		d.point("prepare:devinfo")
 	}
 	return nil
+}
+
+func writeDevInfo(path string, dv *nic.Device) error {
+	return devinfo.Write(path, devinfo.NewPCI(dv.PCIAddress, dv.RDMADevice, dv.PFAddress), 0o444)
 }
 
 // removeClaimFiles removes what was written for a claim; files already

@@ -1,36 +1,46 @@
 package plugin
 
 import (
+	"bytes"
 	"errors"
+	"net/http/httptest"
 	"sort"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fastpath-k8s/fastpath/internal/version"
 )
 
 // Every metric family the plugin exports passes client_golang's own lint
-// (names, units, _total on counters and only there, help text), and the
-// list below is all of them: a new family is linted by this test or fails
-// it.
+// (names, units, _total on counters and only there, help text) on what
+// /metrics serves, parsed by Prometheus' own text parser, and the list
+// below is all of them: a new family is linted by this test or fails it.
 func TestMetricsLint(t *testing.T) {
 	m := NewMetrics(version.Info{Version: "v1.2.3", Revision: "abc", GoVersion: "go1.26"})
-	// Give every family a sample: lint only sees families with samples.
+	// Give every family a sample: only families with samples are served.
 	m.setDevices("mellanox.com/rails", 32, 31)
 	m.allocated("mellanox.com/rails", 2)
 	m.registered("mellanox.com/rails", nil)
 	m.registered("mellanox.com/rails", errors.New("refused"))
 	m.rescanned(3 * time.Millisecond)
 
-	families, err := m.Registry.Gather()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	require.Equal(t, 200, rec.Code)
+	require.Equal(t, expfmt.TypeTextPlain, expfmt.ResponseFormat(rec.Header()).FormatType())
+	body := rec.Body.Bytes()
+
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
 	require.NoError(t, err)
 	var names []string
-	for _, f := range families {
-		names = append(names, f.GetName())
+	for name := range families {
+		names = append(names, name)
 	}
 	sort.Strings(names)
 	require.Equal(t, []string{
@@ -42,15 +52,28 @@ func TestMetricsLint(t *testing.T) {
 		"fastpath_device_plugin_rescan_duration_seconds",
 	}, names)
 
-	problems, err := testutil.GatherAndLint(m.Registry)
+	problems, err := promlint.New(bytes.NewReader(body)).Lint()
 	require.NoError(t, err)
 	require.Empty(t, problems)
-	// And each collector on its own, as testutil.CollectAndLint sees it.
-	for _, c := range []prometheus.Collector{m.devices, m.healthy, m.allocations, m.registrations, m.rescan} {
-		problems, err := testutil.CollectAndLint(c)
-		require.NoError(t, err)
-		require.Empty(t, problems)
-	}
 
-	require.Equal(t, 2.0, testutil.ToFloat64(m.allocations.WithLabelValues("mellanox.com/rails")))
+	alloc := families["fastpath_device_plugin_allocated_devices_total"].GetMetric()
+	require.Len(t, alloc, 1)
+	require.Equal(t, 2.0, alloc[0].GetCounter().GetValue())
+	rescan := families["fastpath_device_plugin_rescan_duration_seconds"].GetMetric()
+	require.Len(t, rescan, 1)
+	require.Equal(t, uint64(1), rescan[0].GetHistogram().GetSampleCount())
+	require.Contains(t, string(body), `fastpath_device_plugin_registrations_total{resource="mellanox.com/rails",result="error"} 1`)
+
+	// The provisioning gauges once set; a forgotten resource goes.
+	m.SetVFs("0000:18:00.0", "ib-rails", 8, 4)
+	m.forget("mellanox.com/rails")
+	var out bytes.Buffer
+	_, err = m.Registry.WriteTo(&out)
+	require.NoError(t, err)
+	require.Contains(t, out.String(), `fastpath_provision_vfs_desired{pf="0000:18:00.0",policy="ib-rails"} 8`)
+	require.Contains(t, out.String(), `fastpath_provision_vfs{pf="0000:18:00.0"} 4`)
+	require.NotContains(t, out.String(), `fastpath_device_plugin_devices{`)
+	problems, err = promlint.New(&out).Lint()
+	require.NoError(t, err)
+	require.Empty(t, problems)
 }
