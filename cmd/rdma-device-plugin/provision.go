@@ -32,6 +32,7 @@ type provisionFlags struct {
 	policy, stateDir, cniStateDir string
 	node                          nodeFlags
 	timeout                       time.Duration
+	retry                         time.Duration // serve only
 }
 
 func registerProvisionFlags(fs *flag.FlagSet, f *provisionFlags) {
@@ -71,13 +72,21 @@ func inUse(ctx context.Context, snap *nic.Snapshot, podResources, cniStateDir st
 			}
 		}
 	}
+	// A VF a pod was allocated is also the CNI's attachment: both are
+	// named, the pod first.
+	add := func(a, who string) {
+		if prev, ok := out[a]; ok && prev != who {
+			who = prev + "; " + who
+		}
+		out[a] = who
+	}
 	if cniStateDir != "" {
 		held, err := cniAttached(cniStateDir)
 		if err != nil {
 			unknown("CNI state "+cniStateDir, err)
 		}
 		for a, who := range held {
-			out[a] = who
+			add(a, who)
 		}
 	}
 	if dra != nil {
@@ -86,7 +95,7 @@ func inUse(ctx context.Context, snap *nic.Snapshot, podResources, cniStateDir st
 			unknown("DRA checkpoint", err)
 		}
 		for a, who := range held {
-			out[a] = who
+			add(a, who)
 		}
 	}
 	return out, warns

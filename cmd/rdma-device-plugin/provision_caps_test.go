@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
+	"github.com/fastpath-k8s/fastpath/pkg/provision/provisiontest"
 )
 
 // componentCaps are the capabilities deployments/components/provision
@@ -39,7 +42,8 @@ func componentCaps(t *testing.T) []string {
 // components/provision runs it — root with only the capabilities the
 // component adds (an empty bounding set otherwise, no_new_privs), in the
 // network namespace that has the PF — on a copy of the DGX host with no
-// VFs, where a veth stands for the rail-0 PF's netdev. The sysfs writes
+// VFs (provisiontest.Standin adds them when sriov_numvfs is written), where
+// a veth stands for the rail-0 PF's netdev. The sysfs writes
 // need no capability; the GUID's rtnetlink call gets past the kernel's
 // CAP_NET_ADMIN check to the device (a veth is no InfiniBand device, and
 // says so: EOPNOTSUPP). Without the capability the kernel refuses it
@@ -65,6 +69,18 @@ func TestProvisionUnderComponentCaps(t *testing.T) {
 			const pf = "0000:18:00.0"
 			host := t.TempDir()
 			require.NoError(t, fx.Write(host, "dgx-h100-novfs"))
+			// The VFs must be on the bus before their GUIDs are set: the
+			// stand-in adds them when sriov_numvfs is written. Without
+			// MLNX_OFED's GUID files the rtnetlink error is the answer.
+			standin, err := provisiontest.NewStandin(&provisiontest.Host{Root: host}, slog.New(slog.DiscardHandler))
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- standin.Run(ctx) }()
+			defer func() {
+				cancel()
+				require.NoError(t, <-done)
+			}()
 			ns, nsPath := testnet.Netns(t, "fp-prov-")
 			n, err := netns.Open(nsPath)
 			require.NoError(t, err)

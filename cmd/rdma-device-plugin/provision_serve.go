@@ -16,9 +16,9 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
-// provisionRetry is how often a PF left as it was (VFs in use, a failed
-// write) is tried again.
-const provisionRetry = 30 * time.Second
+// defaultProvisionRetry is how often a PF left as it was (VFs in use, a
+// failed write) is tried again (--provision-retry).
+const defaultProvisionRetry = 30 * time.Second
 
 // provisionAtStart creates the VFs the policies ask for before anything
 // is served (VFs do not survive a reboot), records desired and actual VF
@@ -68,7 +68,7 @@ func (p *provisioner) once(ctx context.Context, metrics *plugin.Metrics) (*provi
 	}
 	if err != nil {
 		pending = true
-		p.log.Error("provision: apply failed; retried", "err", err, "every", provisionRetry.String())
+		p.log.Error("provision: apply failed; retried", "err", err, "every", p.retryEvery().String())
 	}
 	// The policies with a nodeSelector wait for the node's labels.
 	pending = pending || p.labelsErr != nil
@@ -94,10 +94,17 @@ func (p *provisioner) numVFs(addr string) int {
 	return n
 }
 
-// retry runs the policies again every provisionRetry until nothing is
+func (p *provisioner) retryEvery() time.Duration {
+	if p.flags.retry > 0 {
+		return p.flags.retry
+	}
+	return defaultProvisionRetry
+}
+
+// retry runs the policies again every --provision-retry until nothing is
 // left to do; the periodic rescan then puts the new VFs in their pools.
 func (p *provisioner) retry(ctx context.Context, metrics *plugin.Metrics) {
-	t := time.NewTicker(provisionRetry)
+	t := time.NewTicker(p.retryEvery())
 	defer t.Stop()
 	for {
 		select {

@@ -69,9 +69,12 @@ func TestInUseSources(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(cni, "0000:18:00.2.json"), []byte(`{"network":"default/ib-rail0","containerID":"0123456789abcdef"}`), 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(cni, "0000:18:00.2.lock"), nil, 0o600))
 	held, warns := inUse(context.Background(), snap, filepath.Join(t.TempDir(), "none.sock"), cni,
-		func() (map[string]string, error) { return map[string]string{"0000:40:00.1": "DRA claim ns/c"}, nil })
+		func() (map[string]string, error) {
+			return map[string]string{"0000:40:00.1": "DRA claim ns/c", "0000:18:00.2": "DRA claim ns/d"}, nil
+		})
+	// A VF two sources hold names both holders.
 	require.Equal(t, map[string]string{
-		"0000:18:00.2": "CNI attachment of container 0123456789ab (network default/ib-rail0)",
+		"0000:18:00.2": "CNI attachment of container 0123456789ab (network default/ib-rail0); DRA claim ns/d",
 		"0000:40:00.1": "DRA claim ns/c",
 	}, held)
 	require.Len(t, warns, 1)

@@ -76,6 +76,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	registerDRAFlags(fs, &f.dra)
 	registerProvisionFlags(fs, &f.provision)
+	fs.DurationVar(&f.provision.retry, "provision-retry", defaultProvisionRetry, "with --policy: how often a PF that could not be changed (VFs in use, a failed write) is tried again")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rdma-device-plugin [flags]            serve the pools to the kubelet\n"+
 			"       rdma-device-plugin discover [flags]   show what the node has (see discover -h)\n\n")

@@ -575,7 +575,7 @@ func TestServeFlags(t *testing.T) {
 	want := func(mod func(f *serveFlags)) serveFlags {
 		f := serveFlags{config: defaultConfig, resourcePrefix: "mellanox.com", hostRoot: "/", nodeRoot: "/", podResources: "/var/lib/kubelet/pod-resources/kubelet.sock", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
 			metricsAddr: defaultMetrics, logLevel: "info", dra: defaultDRAFlags(),
-			provision: provisionFlags{stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir, timeout: provision.DefaultTimeout,
+			provision: provisionFlags{stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir, timeout: provision.DefaultTimeout, retry: defaultProvisionRetry,
 				node: nodeFlags{labels: os.Getenv("FASTPATH_NODE_LABELS"), name: os.Getenv("NODE_NAME")}}}
 		if mod != nil {
 			mod(&f)
@@ -599,6 +599,9 @@ func TestServeFlags(t *testing.T) {
 		// One --node-name, in both builds: the policies' node, and DRA's.
 		{"node-name", []string{"--node-name=gpu-17"}, want(func(f *serveFlags) {
 			f.provision.node.name, f.dra = "gpu-17", f.dra.withNode("gpu-17")
+		})},
+		{"provision-retry", []string{"--policy=p.yaml", "--provision-retry=2s"}, want(func(f *serveFlags) {
+			f.provision.policy, f.provision.retry = "p.yaml", 2*time.Second
 		})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

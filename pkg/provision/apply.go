@@ -206,6 +206,11 @@ func (a *Applier) applyPF(ctx context.Context, pf *PF) error {
 		if err := a.step(ctx, pf, s, deadline); err != nil {
 			return fmt.Errorf("pci %s: step %d (%s): %w", pf.Address, i+1, s, err)
 		}
+		if s.Kind == StepNumVFs {
+			if err := a.waitBus(ctx, pf.Address, s.N, deadline); err != nil {
+				return fmt.Errorf("pci %s: step %d (%s): %w", pf.Address, i+1, s, err)
+			}
+		}
 		// The record is rewritten at the steps that change the VF count,
 		// where a later run's plan differs most from this one.
 		if s.Kind == StepNumVFs {
@@ -269,6 +274,29 @@ func (a *Applier) step(ctx context.Context, pf *PF, s Step, deadline time.Time) 
 		return a.wait(ctx, addr, s, deadline)
 	}
 	return fmt.Errorf("unknown step %q", s.Kind)
+}
+
+// waitBus waits until the PF's virtfnN links show n VFs. The kernel adds
+// them before the sriov_numvfs write returns, so on a node this is one
+// look; it makes the next steps, which find VFs through those links, safe
+// on anything that plays the kernel more slowly.
+func (a *Applier) waitBus(ctx context.Context, pf string, n int, deadline time.Time) error {
+	t := time.NewTicker(a.poll())
+	defer t.Stop()
+	for {
+		links, _ := filepath.Glob(filepath.Join(a.Root, "sys", "bus", "pci", "devices", pf, "virtfn*"))
+		if len(links) == n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w after %s waiting for the PCI core to show %d VFs (it shows %d)", ErrTimeout, a.timeout(), n, len(links))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // wait polls the VF's sysfs directory until it has what s waits for.

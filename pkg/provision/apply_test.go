@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -337,4 +338,46 @@ func TestDeriveGUID(t *testing.T) {
 			seen[g.String()] = true
 		}
 	}
+}
+
+// lateBus returns from SetNumVFs before the VFs show on the bus, as a
+// kernel stand-in that reacts to the write afterwards does.
+type lateBus struct {
+	*provisiontest.Kernel
+	delay time.Duration
+	wg    sync.WaitGroup
+}
+
+func (l *lateBus) SetNumVFs(pf string, n int) error {
+	l.wg.Add(1)
+	time.AfterFunc(l.delay, func() {
+		defer l.wg.Done()
+		_ = l.Kernel.SetNumVFs(pf, n)
+	})
+	return nil
+}
+
+// After writing sriov_numvfs the steps wait for the VFs to show on the
+// bus before they set GUIDs and bind; a bus that never shows them is a
+// timeout naming the count.
+func TestApplyWaitsForTheBus(t *testing.T) {
+	root := emptyHost(t, 1, 8)
+	k := &lateBus{Kernel: provisiontest.New(root), delay: 30 * time.Millisecond}
+	plan := provision.NewPlan(policies(t, twoRails), node(t, root))
+	_, err := applier(root, k, "").Apply(context.Background(), plan)
+	k.wg.Wait()
+	require.NoError(t, err)
+	snap, err := nic.NewScanner(root).Scan()
+	require.NoError(t, err)
+	d, ok := snap.Device(fixture.VFAddress(0x10, 3))
+	require.True(t, ok)
+	require.Equal(t, "mlx5_core", d.Driver)
+
+	root = emptyHost(t, 1, 8)
+	k = &lateBus{Kernel: provisiontest.New(root), delay: time.Hour}
+	a := applier(root, k, "")
+	a.Timeout = 50 * time.Millisecond
+	_, err = a.Apply(context.Background(), provision.NewPlan(policies(t, twoRails), node(t, root)))
+	require.ErrorIs(t, err, provision.ErrTimeout)
+	require.ErrorContains(t, err, "waiting for the PCI core to show 4 VFs (it shows 0)")
 }

@@ -1,6 +1,7 @@
 package provision
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -86,15 +87,39 @@ func (k *SysfsKernel) SetAutoprobe(pf string, on bool) error {
 	return k.writeDev(pf, "sriov_drivers_autoprobe", v, "write sriov_drivers_autoprobe "+v)
 }
 
-// SetVFGUID sets the VF's node and port GUID through its PF's netdev.
+// SetVFGUID sets the VF's node and port GUID through its PF's netdev
+// (rtnetlink). Where that is refused (no IPoIB netdev for the PF, e.g.
+// ib_ipoib not loaded) and the PF has MLNX_OFED's per-VF GUID files
+// (<pf>/sriov/<vf>/node and port), they are written instead: the same
+// firmware setting through the vendor driver's own interface.
 func (k *SysfsKernel) SetVFGUID(pf, pfNetdev string, vf int, guid net.HardwareAddr) error {
+	var err error
 	if k.guids == nil {
-		return fmt.Errorf("pci %s: set VF %d GUID: no netlink access", pf, vf)
+		err = errors.New("no netlink access")
+	} else if err = k.guids.SetVFGUID(pfNetdev, vf, guid); err == nil {
+		return nil
 	}
-	if err := k.guids.SetVFGUID(pfNetdev, vf, guid); err != nil {
-		return fmt.Errorf("pci %s: set VF %d node/port GUID %s on %s: %w", pf, vf, guid, pfNetdev, err)
+	err = fmt.Errorf("pci %s: set VF %d node/port GUID %s on %s: %w", pf, vf, guid, orNone(pfNetdev), err)
+	dir, derr := k.dev(pf, "sriov", strconv.Itoa(vf))
+	if derr != nil {
+		return derr
+	}
+	if _, serr := os.Stat(filepath.Join(dir, "node")); serr != nil {
+		return err // no MLNX_OFED files: the netlink error is the answer
+	}
+	for _, f := range []string{"node", "port"} {
+		if werr := write(filepath.Join(dir, f), guid.String()); werr != nil {
+			return fmt.Errorf("%w; MLNX_OFED sriov/%d/%s: %w", err, vf, f, werr)
+		}
 	}
 	return nil
+}
+
+func orNone(netdev string) string {
+	if netdev == "" {
+		return "(no PF netdev)"
+	}
+	return netdev
 }
 
 // Unbind writes the function's address to its driver's unbind; an

@@ -2,6 +2,7 @@ package provision_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -168,4 +169,51 @@ func runStep(k provision.Kernel, pf *provision.PF, s provision.Step, addr string
 		return k.Unbind(addr)
 	}
 	return nil
+}
+
+// A GUID goes through netlink on the PF's netdev; where netlink refuses
+// and the PF has MLNX_OFED's sriov/<vf>/node and port, through them.
+func TestSysfsKernelGUIDFallsBackToMLNXOFED(t *testing.T) {
+	guid := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x18, 0, 0x03}
+	refused := errors.New("operation not supported")
+	for _, tc := range []struct {
+		name       string
+		netlinkErr error // nil: netlink takes it
+		ofedFiles  bool
+		wantErr    string // "" : no error
+		wantFiles  string // what node and port then hold
+	}{
+		{name: "netlink takes it", ofedFiles: true, wantFiles: "00:00:00:00:00:00:00:00\n"},
+		{name: "netlink refuses, MLNX_OFED files", netlinkErr: refused, ofedFiles: true, wantFiles: guid.String()},
+		{name: "netlink refuses, no MLNX_OFED files", netlinkErr: refused,
+			wantErr: "pci 0000:10:00.0: set VF 3 node/port GUID 02:00:00:00:00:18:00:03 on ibp16s0: operation not supported"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			dir := filepath.Join(root, "sys/bus/pci/devices/0000:10:00.0/sriov/3")
+			if tc.ofedFiles {
+				for _, f := range []string{"node", "port"} {
+					touch(t, filepath.Join(dir, f))
+					require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("00:00:00:00:00:00:00:00\n"), 0o644))
+				}
+			}
+			link := sriovtest.NewPFLink()
+			if tc.netlinkErr != nil {
+				link.FailNext("SetVFGUID", tc.netlinkErr)
+			}
+			err := provision.NewSysfsKernel(root, link).SetVFGUID("0000:10:00.0", "ibp16s0", 3, guid)
+			if tc.wantErr != "" {
+				require.EqualError(t, err, tc.wantErr)
+				require.ErrorIs(t, err, refused)
+				return
+			}
+			require.NoError(t, err)
+			for _, f := range []string{"node", "port"} {
+				require.Equal(t, tc.wantFiles, read(t, filepath.Join(dir, f)))
+			}
+			if tc.netlinkErr == nil {
+				require.Equal(t, guid.String(), link.PortGUID("ibp16s0", 3))
+			}
+		})
+	}
 }

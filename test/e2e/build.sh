@@ -179,12 +179,12 @@ blob() {
 build_repo() {
 	mkdir -p "$WORK/bin"
 	cd "$REPO"
-	go build -o "$WORK/bin/" ./cmd/rdma-device-plugin ./test/e2e/cmd/podres
+	go build -o "$WORK/bin/" ./cmd/rdma-device-plugin ./test/e2e/cmd/podres ./test/e2e/cmd/kernel-standin
 	rm -f "$WORK/bin/sriov"
 	if [[ -d $REPO/cmd/sriov-cni ]]; then
 		go build -o "$WORK/bin/sriov" ./cmd/sriov-cni
 	fi
-	log "repo binaries built: rdma-device-plugin podres$([[ -x $WORK/bin/sriov ]] && echo " sriov")"
+	log "repo binaries built: rdma-device-plugin podres kernel-standin$([[ -x $WORK/bin/sriov ]] && echo " sriov")"
 }
 
 main() {

@@ -118,6 +118,12 @@ skip() {
 	log "SKIPPED: $*"
 }
 
+# phase TITLE heads the checks that follow in the table.
+phase() {
+	RESULTS+=("---- $*")
+	log "---- $*"
+}
+
 # check DESCRIPTION CMD... records PASS or FAIL and goes on: later checks
 # still tell something. Steps that later ones depend on use require.
 check() {

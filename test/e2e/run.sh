@@ -3,7 +3,10 @@
 # pods, no API server), containerd and runc run a pod that asks for
 # mellanox.com/mlnx_sriov_rdma; our rdma-device-plugin serves the DGX H100
 # fixture host and our sriov CNI moves the VF's netdev (a veth stand-in)
-# into the pod. See test/e2e/README.md for what it asserts and why.
+# into the pod. Its provisioning phase (provision.sh) has the plugin create
+# the VFs of the seed's SriovNetworkNodePolicy on a host without any, the
+# kernel played by kernel-standin. See test/e2e/README.md for what it
+# asserts and why.
 #
 # Usage (root): make e2e   or   test/e2e/run.sh
 # Env: WORK (default $REPO/.e2e-work); the versions in lib.sh; E2E_CNI=bridge
@@ -13,6 +16,7 @@
 # host is put back, on exit — also when a step fails or on Ctrl-C.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/provision.sh"
 
 HOST=$RUN/host                          # copy of the fixture host, with real char devices
 CONFIG=$REPO/testdata/config/combined.json
@@ -106,6 +110,13 @@ host_mounts_in_work() { awk -v w="$WORK/" 'index($5, w) == 1 { print $5 }' /proc
 setup_host() {
 	mkdir -p "$RUN"
 	cp -a "$REPO/testdata/sysfs/dgx-h100" "$HOST"
+	make_char_devices
+	"$WORK/bin/rdma-device-plugin" discover --host-root "$HOST" --config "$CONFIG" -o json >"$RUN/discover.json"
+	check "discover on the fixture copy finds $WANT_VFS VFs in $RESOURCE" \
+		test "$(jq --arg r "$RESOURCE" '[.pools[] | select(.resource == $r) | .devices[]] | length' "$RUN/discover.json")" = "$WANT_VFS"
+}
+
+make_char_devices() {
 	local f n=0
 	for f in "$HOST"/dev/infiniband/*; do
 		rm -f "$f"
@@ -113,9 +124,6 @@ setup_host() {
 		n=$((n + 1))
 	done
 	log "fixture host $HOST: $n char devices (1:3) under /dev/infiniband"
-	"$WORK/bin/rdma-device-plugin" discover --host-root "$HOST" --config "$CONFIG" -o json >"$RUN/discover.json"
-	check "discover on the fixture copy finds $WANT_VFS VFs in $RESOURCE" \
-		test "$(jq --arg r "$RESOURCE" '[.pools[] | select(.resource == $r) | .devices[]] | length' "$RUN/discover.json")" = "$WANT_VFS"
 }
 
 # vf_field PCI FIELD prints one field of a device from discover's JSON.
@@ -393,6 +401,7 @@ cleanup() {
 		wait_for 60 "kubelet stopped the pod" no_pod_tasks
 	fi
 	stop rdma-device-plugin
+	stop kernel-standin
 	stop kubelet
 	# 2. Containers, then mounts under $WORK, pod netns and stand-ins (lib.sh).
 	stop_containers
@@ -411,7 +420,7 @@ cleanup() {
 # check_restored compares the host with the snapshot taken at the start.
 check_restored() {
 	local before=$RUN/before p left=
-	for p in kubelet rdma-device-plugin containerd; do
+	for p in kubelet rdma-device-plugin kernel-standin containerd; do
 		[[ -f $RUN/pids/$p ]] && left+=" $p"
 	done
 	check "no process of the run left" test -z "$left"
@@ -449,6 +458,11 @@ main() {
 	test_pod_network
 	test_kubelet_restart
 	test_pod_delete
+	if [[ $CNI_MODE == sriov ]]; then
+		test_provision
+	else
+		skip "provisioning phase, $NO_SRIOV (it checks the pod's VF netdev through the sriov CNI)"
+	fi
 	log "test steps done in $(elapsed "$t0")s"
 }
 

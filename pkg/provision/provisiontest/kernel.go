@@ -1,6 +1,8 @@
-// Package provisiontest is a fake provision.Kernel over a fixture host
-// (internal/fixture): each call changes the host's sysfs the way the
-// kernel and mlx5 would, since this machine has no SR-IOV PF to change.
+// Package provisiontest plays the kernel over a fixture host
+// (internal/fixture), since this machine has no SR-IOV PF to change: Host
+// is what the PCI core and mlx5 do to the host's sysfs; Kernel is a fake
+// provision.Kernel that calls it, and Standin calls it when a process
+// writes the host's attribute files.
 package provisiontest
 
 import (
@@ -10,21 +12,19 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
-// Kernel changes a fixture host under Root. VFs appear on the bus when
-// sriov_numvfs is written; a VF bound to mlx5_core shows its netdev and
-// RDMA device ProbeDelay later, as a driver's probe does after the write
-// returned.
+// Kernel changes a fixture host under Root through Host, one call at a
+// time. VFs appear on the bus when sriov_numvfs is written; a VF bound to
+// mlx5_core shows its netdev and RDMA device ProbeDelay later, as a
+// driver's probe does after the write returned.
 type Kernel struct {
-	Root       string
+	Root       string // as given to New
 	ProbeDelay time.Duration
 
 	mu       sync.Mutex // guards the fields below and the tree
@@ -32,13 +32,14 @@ type Kernel struct {
 	calls    []string
 	failNext map[string]error
 	probes   sync.WaitGroup
+	host     Host
 }
 
 var _ provision.Kernel = (*Kernel)(nil)
 
 // New returns a fake over the host at root.
 func New(root string) *Kernel {
-	return &Kernel{Root: root, guids: map[string]net.HardwareAddr{}, failNext: map[string]error{}}
+	return &Kernel{Root: root, guids: map[string]net.HardwareAddr{}, failNext: map[string]error{}, host: Host{Root: root}}
 }
 
 // Calls are the calls made, in order ("SetNumVFs 0000:18:00.0 8").
@@ -82,57 +83,24 @@ func (k *Kernel) dev(addr string, attr ...string) string {
 	return filepath.Join(append([]string{k.Root, "sys", "bus", "pci", "devices", addr}, attr...)...)
 }
 
-func readInt(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(strings.TrimSpace(string(b)))
-}
-
 func writeErr(path string, errno syscall.Errno) error {
 	return &fs.PathError{Op: "write", Path: path, Err: errno}
 }
 
-// SetNumVFs does what the PCI core's sriov_numvfs_store does: the same
-// count is a no-op; a count above sriov_totalvfs is ERANGE (a PF whose
-// firmware has SR-IOV off has 0); a change between two non-zero counts is
-// EBUSY; 0 removes the VFs; otherwise the VFs appear, bound to the PF's
-// driver when sriov_drivers_autoprobe is 1.
+// SetNumVFs does what the PCI core does (Host.SetNumVFs); VFs the PF's
+// driver binds (autoprobe) are probed ProbeDelay later.
 func (k *Kernel) SetNumVFs(pf string, n int) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if err := k.call("SetNumVFs", pf, n); err != nil {
 		return err
 	}
-	path := k.dev(pf, "sriov_numvfs")
-	cur, err := readInt(path)
-	if err != nil {
-		return fmt.Errorf("pci %s: %w", pf, err)
-	}
-	total, err := readInt(k.dev(pf, "sriov_totalvfs"))
-	if err != nil {
-		return fmt.Errorf("pci %s: %w", pf, err)
-	}
-	switch {
-	case n == cur:
-		return nil
-	case n > total:
-		return fmt.Errorf("pci %s: %w", pf, writeErr(path, syscall.ERANGE))
-	case n != 0 && cur != 0:
-		return fmt.Errorf("pci %s: %d VFs already enabled: %w", pf, cur, writeErr(path, syscall.EBUSY))
-	case n == 0:
-		return fixture.DisableVFs(k.Root, pf)
-	}
-	auto, _ := readInt(k.dev(pf, "sriov_drivers_autoprobe"))
-	vfs, err := fixture.EnableVFs(k.Root, pf, n, auto == 1)
+	vfs, err := k.host.SetNumVFs(pf, n)
 	if err != nil {
 		return err
 	}
-	if auto == 1 {
-		for i, vf := range vfs {
-			k.probe(pf, i, vf)
-		}
+	for i, vf := range vfs {
+		k.probe(pf, i, vf)
 	}
 	return nil
 }
@@ -140,13 +108,9 @@ func (k *Kernel) SetNumVFs(pf string, n int) error {
 // probe adds the VF's netdev and RDMA device ProbeDelay from now; the
 // caller holds k.mu.
 func (k *Kernel) probe(pf string, i int, vf string) {
-	guid := ""
-	if g := k.guids[pf+"/"+strconv.Itoa(i)]; g != nil {
-		h := fmt.Sprintf("%x", []byte(g))
-		guid = h[0:4] + ":" + h[4:8] + ":" + h[8:12] + ":" + h[12:16]
-	}
+	guid := k.guids[pf+"/"+strconv.Itoa(i)]
 	if k.ProbeDelay <= 0 {
-		_ = fixture.ProbeVF(k.Root, vf, guid)
+		_ = k.host.Probe(vf, guid)
 		return
 	}
 	k.probes.Add(1)
@@ -154,9 +118,7 @@ func (k *Kernel) probe(pf string, i int, vf string) {
 		defer k.probes.Done()
 		k.mu.Lock()
 		defer k.mu.Unlock()
-		if l, err := os.Readlink(k.dev(vf, "driver")); err == nil && filepath.Base(l) == provision.DriverNetdevice {
-			_ = fixture.ProbeVF(k.Root, vf, guid)
-		}
+		_ = k.host.Probe(vf, guid)
 	})
 }
 
@@ -195,7 +157,7 @@ func (k *Kernel) Unbind(addr string) error {
 	if err := k.call("Unbind", addr); err != nil {
 		return err
 	}
-	return fixture.UnbindDriver(k.Root, addr)
+	return k.host.Unbind(addr)
 }
 
 // Bind binds the function; mlx5_core probes it ProbeDelay later.
@@ -205,24 +167,15 @@ func (k *Kernel) Bind(addr, driver string) error {
 	if err := k.call("Bind", addr, driver); err != nil {
 		return err
 	}
-	if err := fixture.BindDriver(k.Root, addr, driver); err != nil {
+	probe, err := k.host.Bind(addr, driver)
+	if err != nil || !probe {
 		return err
 	}
-	if driver != provision.DriverNetdevice {
-		return nil
-	}
-	l, err := os.Readlink(k.dev(addr, "physfn"))
+	pf, i, err := k.host.VF(addr)
 	if err != nil {
 		return err
 	}
-	pf := filepath.Base(l)
-	links, _ := filepath.Glob(k.dev(pf, "virtfn*"))
-	for _, link := range links {
-		if t, err := os.Readlink(link); err == nil && filepath.Base(t) == addr {
-			i, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(link), "virtfn"))
-			k.probe(pf, i, addr)
-		}
-	}
+	k.probe(pf, i, addr)
 	return nil
 }
 
