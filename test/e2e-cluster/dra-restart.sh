@@ -43,6 +43,8 @@ restarted_running() {
 claim_devinfo() { jq -r '.claims[].devInfo[]?' "$DRA_PLUGIN_DIR/checkpoint.json" | sort; }
 # spec_sums prints our CDI specs' names and checksums.
 spec_sums() { (cd "$CDI_DIR" && find . -maxdepth 1 -name "$DRA_DRIVER-vf_*.json" -exec sha256sum {} + | sort); }
+# meta_sums: the helper's device metadata specs (KEP-5304), one per request.
+meta_sums() { (cd "$CDI_DIR" && find . -maxdepth 1 -name "${DRA_DRIVER}_metadata_*.json" -exec sha256sum {} + | sort); }
 all_exist() { local f; for f in "$@"; do [[ -e $f ]] || return 1; done; }
 
 # dra_kubelet_restart restarts the kubelet with three claims prepared: the
@@ -94,27 +96,31 @@ EOF
 
 # dra_reboot: the node's tmpfs directories emptied while the driver is
 # down (a reboot keeps /var/lib/kubelet, where the checkpoint is, and
-# empties /var/run): the restarted driver writes its claims' CDI specs and
-# device-info files again, before the kubelet calls it, so that a container
+# empties /var/run): the restarted driver writes its claims' CDI specs,
+# device-info files and the helper's device metadata specs again, before
+# the kubelet calls it, so that a container
 # of a running pod that restarts — the kubelet does not prepare its claims
 # again, the runtime resolves their CDI names from the directory — starts
 # with its VF.
 dra_reboot() {
-	local specs sums infos pid restarts before_restarts
+	local specs sums msums infos pid restarts before_restarts
 	specs=$(our_cdi_specs)
 	sums=$(spec_sums)
+	msums=$(meta_sums)
 	mapfile -t infos < <(claim_devinfo)
 	check "the 4 claims' CDI specs and their device-info files (${#infos[@]}) are there" \
 		test "$(wc -l <<<"$specs")" = 4 -a "${#infos[@]}" -gt 0
 	restarts=$(restart_count)
 	pid=$(task_pid "$DS_NS" "$(kubectl -n "$DS_NS" get pods -l "app.kubernetes.io/name=$DS" -o jsonpath='{.items[0].metadata.name}')" "$DS")
-	rm -f "$CDI_DIR/$DRA_DRIVER-vf_"*.json "${infos[@]}"
+	check "and their requests' device metadata specs ($(wc -l <<<"$msums"))" test -n "$msums"
+	rm -f "$CDI_DIR/$DRA_DRIVER-vf_"*.json "$CDI_DIR/${DRA_DRIVER}_metadata_"*.json "${infos[@]}"
 	kill -KILL "$pid"
 	require "DRA plugin (pid $pid) killed with its claims' files gone: restarted" 60 restarted "$restarts"
 	require "DaemonSet Ready again" 120 ds_ready
 	check "the restarted driver wrote the 4 claims' CDI specs again, as they were" wait_for 30 "specs restored" test "$(spec_sums)" = "$sums"
 	expect "the claims' CDI spec names" "$specs" "$(our_cdi_specs)"
 	check "and their device-info files" wait_for 30 "device-info restored" all_exist "${infos[@]}"
+	check "and the helper's device metadata specs, kept under the plugin directory" wait_for 30 "metadata specs restored" test "$(meta_sums)" = "$msums"
 	check "the driver says so" plugin_log_has 'files restored from the checkpoint","claims":4'
 	before_restarts=$(container_restarts default "$PROBE_POD")
 	pid=$(task_pid default "$PROBE_POD" train)

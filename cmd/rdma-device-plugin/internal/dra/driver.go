@@ -69,6 +69,7 @@ type Driver struct {
 	opts   Options
 	log    *slog.Logger
 	cdi    *cdiwrite.Writer
+	meta   *metaSpecs // the helper's device metadata specs, kept
 	cpPath string
 
 	mu sync.Mutex // guards the fields below
@@ -133,7 +134,7 @@ func New(opts Options) (*Driver, error) {
 		opts.Log.Warn("dra: leftovers of a killed run", "err", err)
 	}
 	return &Driver{
-		opts: opts, log: opts.Log, cdi: w, cpPath: cpPath,
+		opts: opts, log: opts.Log, cdi: w, cpPath: cpPath, meta: newMetaSpecs(opts.CDIDir, opts.PluginDir),
 		byName: map[string]*entry{}, watched: map[string]bool{}, links: map[string]linkState{},
 		cp: cp, inUse: cp.inUse(), taints: true, healthChanged: make(chan struct{}),
 		kick: make(chan struct{}, 1),
@@ -154,6 +155,7 @@ func (d *Driver) Start(ctx context.Context) error {
 		// The helper writes each prepared request's metadata file
 		// under PluginDir and the CDI spec that mounts it (metadata.go).
 		kubeletplugin.EnableDeviceMetadata(true, metadataVersions),
+		kubeletplugin.MetadataFileOps(d.meta.fileOps()), // its specs kept across a reboot
 		kubeletplugin.CDIDirectory(d.opts.CDIDir),
 	)
 	if err != nil {

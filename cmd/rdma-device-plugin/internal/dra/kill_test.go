@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -275,7 +277,11 @@ func TestKillDuringPrepare(t *testing.T) {
 				case "prepare again":
 					resp := k.prepare(t, a, b)
 					require.Equal(t, wantIDs, cdiIDs(t, resp, a, b))
+					// The helper's metadata specs name this run's plugin
+					// directory: compared by name, the driver's by content.
 					cdiFiles, infoFiles := files(t, e.cdiDir), files(t, e.dev)
+					require.ElementsMatch(t, []string{metaSpecName(a), metaSpecName(b)}, slices.Collect(maps.Keys(metadataOnly(cdiFiles))))
+					maps.DeleteFunc(cdiFiles, func(name, _ string) bool { return isMetaSpec(name) })
 					if refCDI == nil {
 						refCDI, refInfo = cdiFiles, infoFiles
 						require.Len(t, refCDI, 2)
@@ -294,10 +300,34 @@ func TestKillDuringPrepare(t *testing.T) {
 					require.Empty(t, checkpointClaims(t, e))
 					require.Empty(t, k.prepare(t, late)[string(late.UID)].Error, "the VF is free again")
 				}
-				for path := range files(t, e.pluginDir) {
-					require.Equal(t, dra.CheckpointFile, path, "plugin directory")
+				// The plugin directory holds the checkpoint, and the
+				// metadata files and kept metadata specs of the claims
+				// prepared now: nothing of a claim unprepared.
+				prepared := []*resourceapi.ResourceClaim{a, b}
+				if then == "unprepare" {
+					prepared = []*resourceapi.ResourceClaim{late}
 				}
+				want := []string{dra.CheckpointFile}
+				for _, c := range prepared {
+					want = append(want, "dra-device-metadata/default_"+c.Name+"/vf/metadata.json", "metadata-cdi-specs/"+metaSpecName(c))
+				}
+				require.ElementsMatch(t, want, slices.Collect(maps.Keys(files(t, e.pluginDir))), "plugin directory")
 			})
 		}
 	}
+}
+
+// metaSpecName is the helper's device metadata CDI spec of a claim's
+// request "vf".
+func metaSpecName(c *resourceapi.ResourceClaim) string {
+	return dra.DriverName + "_metadata_" + string(c.UID) + "_vf.json"
+}
+
+func isMetaSpec(name string) bool { return strings.HasPrefix(name, dra.DriverName+"_metadata_") }
+
+// metadataOnly are the helper's metadata specs among CDI files.
+func metadataOnly(files map[string]string) map[string]string {
+	out := maps.Clone(files)
+	maps.DeleteFunc(out, func(name, _ string) bool { return !isMetaSpec(name) })
+	return out
 }

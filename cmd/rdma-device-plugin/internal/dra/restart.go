@@ -34,7 +34,8 @@ import (
 //     runtime then resolves the container's CDI names from the CDI
 //     directory, whatever emptied it. So the driver, when it starts, writes
 //     again the missing files of every claim of its checkpoint
-//     (restoreFiles), before the kubelet can call it.
+//     (restoreFiles), before the kubelet can call it, and the helper's
+//     device metadata specs it kept (metaSpecs).
 //
 // Those files are made from this scan, found by the VF's PCI address, not
 // from what the checkpoint was given: across a reboot a VF keeps its PCI
@@ -73,6 +74,13 @@ func (d *Driver) restoreFiles() {
 	}
 	if restored > 0 {
 		d.log.Info("dra: prepared claims' files restored from the checkpoint", "claims", restored)
+	}
+	n, err := d.meta.restore()
+	if err != nil {
+		d.log.Error("dra: device metadata CDI specs not restored: containers that name them cannot start until their claims are prepared again", "err", err)
+	}
+	if n > 0 {
+		d.log.Info("dra: device metadata CDI specs restored", "specs", n)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,10 +32,12 @@ func TestRestartRestoresClearedCDIDir(t *testing.T) {
 	a := e.reserve(t, e.claim(t, "rank-0-rail0", vf("vf", vfs[0].PCIAddress)), "pod-0")
 	b := e.reserve(t, e.claim(t, "rank-0-rail1", vf("vf", vfs[1].PCIAddress)), "pod-0")
 	c := e.reserve(t, e.claim(t, "lone", vf("vf", vfs[2].PCIAddress)), "pod-1")
-	ids := cdiIDs(t, k.prepare(t, a, b), a, b)
-	ids = append(ids, cdiIDs(t, k.prepare(t, c), c)...)
+	respAB, respC := k.prepare(t, a, b), k.prepare(t, c)
+	ids := append(cdiIDs(t, respAB, a, b), cdiIDs(t, respC, c)...)
+	metaIDs := append(metadataIDs(respAB[string(a.UID)]), metadataIDs(respC[string(c.UID)])...)
+	require.Len(t, metaIDs, 2)
 	specs, infos := specFiles(t, e), files(t, e.dev)
-	require.Len(t, specs, 3)
+	require.Len(t, specs, 6, "a VF spec and a device metadata spec (the helper's) per claim")
 	require.Len(t, infos, 3)
 
 	reboot := func() {
@@ -49,6 +52,13 @@ func TestRestartRestoresClearedCDIDir(t *testing.T) {
 	got := inject(t, e.runtime(t), ids[:2]...)
 	require.Equal(t, vfs[0].PCIAddress+","+vfs[1].PCIAddress, got.env[envPool], "the pod's claims name both of its VFs")
 	require.Equal(t, vfs[2].PCIAddress, inject(t, e.runtime(t), ids[2]).env[envPool])
+	// The helper's device metadata specs are back too: a container that
+	// names them resolves them, and finds its claim's metadata.
+	for i, id := range metaIDs {
+		claim := []string{"rank-0-rail0", "lone"}[i]
+		_, md, _ := mountedMetadata(t, e, id, "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/"+claim+"/vf/rdma.fastpath-k8s.io-metadata.json")
+		require.Equal(t, claim, md.Name, id)
+	}
 
 	k = e.register(t)
 	require.Equal(t, ids[:2], cdiIDs(t, k.prepare(t, a, b), a, b), "the kubelet's Prepare after the restart")
@@ -61,7 +71,7 @@ func TestRestartRestoresClearedCDIDir(t *testing.T) {
 	reboot()
 	e.scan = withoutVF(e.scan, vfs[0].PCIAddress)
 	d = e.start(t)
-	require.Equal(t, []string{dra.CDISpecName(c.UID)}, slices.Sorted(maps.Keys(specFiles(t, e))))
+	require.Equal(t, []string{dra.CDISpecName(c.UID)}, slices.Sorted(maps.Keys(vfSpecFiles(t, e))))
 	k = e.register(t)
 	resp := k.prepare(t, a)
 	require.Contains(t, resp[string(a.UID)].Error, "device "+dra.DeviceName(vfs[0].PCIAddress)+" is not (or no longer) a VF served by DRA")
@@ -108,4 +118,13 @@ func TestKilledAtomicWriteLeftoversRemoved(t *testing.T) {
 	for _, p := range append(kept, info, filepath.Join(e.pluginDir, dra.CheckpointFile)) {
 		require.FileExists(t, p)
 	}
+}
+
+// vfSpecFiles are the driver's own CDI specs, without the helper's device
+// metadata specs.
+func vfSpecFiles(t testing.TB, e *testEnv) map[string]string {
+	t.Helper()
+	out := specFiles(t, e)
+	maps.DeleteFunc(out, func(name, _ string) bool { return strings.HasPrefix(name, dra.DriverName+"_metadata_") })
+	return out
 }
