@@ -19,6 +19,7 @@ import (
 	"github.com/fastpath-k8s/fastpath/internal/fixture/genhost"
 	"github.com/fastpath-k8s/fastpath/internal/floor"
 	"github.com/fastpath-k8s/fastpath/internal/latency"
+	"github.com/fastpath-k8s/fastpath/internal/testbin"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
@@ -242,7 +243,7 @@ func median(xs []float64) float64 {
 // list.
 func startRegFloor(b *testing.B, host string, list bool) *daemon {
 	b.Helper()
-	d := &daemon{t: b, dir: filepath.Join(b.TempDir(), "kubelet"), log: &syncBuffer{}}
+	d := &daemon{t: b, dir: filepath.Join(b.TempDir(), "kubelet"), log: &testbin.Output{}}
 	d.startStub()
 	d.argv = []string{regfloorBinary(b)}
 	if host != "" {

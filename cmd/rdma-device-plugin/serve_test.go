@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -87,27 +86,8 @@ type daemon struct {
 	stub    *kubeletstub.Stub
 	argv    []string // the command spawn runs
 	cmd     *exec.Cmd
-	log     *syncBuffer
+	log     *testbin.Output
 	done    chan error
-}
-
-// syncBuffer is a bytes.Buffer the daemon's output goroutines write while
-// the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func startDaemon(t testing.TB, host, config string) *daemon {
@@ -138,7 +118,7 @@ func startDaemonWith(t testing.TB, o daemonOpts) *daemon {
 	base := t.TempDir()
 	d := &daemon{
 		t: t, dir: filepath.Join(base, "kubelet"), devinfo: filepath.Join(base, "devinfo"), cdi: filepath.Join(base, "cdi"),
-		metrics: freePort(t), log: &syncBuffer{}, done: make(chan error, 1),
+		metrics: freePort(t), log: &testbin.Output{}, done: make(chan error, 1),
 	}
 	d.startStub()
 	args := []string{"--host-root", host, "--config", config, "--kubelet-dir", d.dir,

@@ -104,3 +104,22 @@ func Cleanup() {
 		built = map[string]error{}
 	}
 }
+
+// Output is what a running process printed: its writes (the process's
+// output goroutines) and the test's reads may come at the same time.
+type Output struct {
+	mu sync.Mutex // guards b
+	b  strings.Builder
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}

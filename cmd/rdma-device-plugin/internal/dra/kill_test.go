@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +24,7 @@ import (
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
+	"github.com/fastpath-k8s/fastpath/internal/testbin"
 )
 
 // driverChild is set in the environment of the driver process that
@@ -93,27 +93,9 @@ func TestDriverProcess(t *testing.T) {
 // driverProc is a driver process and what it printed.
 type driverProc struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testbin.Output
 	done chan struct{} // closed when it has ended, with err
 	err  error
-}
-
-// syncBuffer is what a process printed, read while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startDriver runs TestDriverProcess on the env's directories and waits
@@ -123,7 +105,7 @@ func startDriver(t *testing.T, e *testEnv, claims []*resourceapi.ResourceClaim, 
 	ready := filepath.Join(t.TempDir(), "ready")
 	raw, err := json.Marshal(childConfig{Dirs: [4]string{e.pluginDir, e.registryDir, e.cdiDir, e.dev}, Claims: claims, KillAt: killAt, Ready: ready})
 	require.NoError(t, err)
-	p := &driverProc{cmd: exec.Command(os.Args[0], "-test.run", "^TestDriverProcess$", "-test.count", "1"), out: &syncBuffer{}, done: make(chan struct{})}
+	p := &driverProc{cmd: exec.Command(os.Args[0], "-test.run", "^TestDriverProcess$", "-test.count", "1"), out: &testbin.Output{}, done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), driverChild+"="+string(raw))
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())
