@@ -381,3 +381,38 @@ func TestApplyWaitsForTheBus(t *testing.T) {
 	require.ErrorIs(t, err, provision.ErrTimeout)
 	require.ErrorContains(t, err, "waiting for the PCI core to show 4 VFs (it shows 0)")
 }
+
+// A VF that sriov_numvfs counts but the bus lacks (removed through its
+// remove attribute) is made again with its PF's others: N -> 0 -> N, the
+// same busy check first; not "up to date".
+func TestMissingVFIsMadeAgain(t *testing.T) {
+	root := emptyHost(t, 1, 8)
+	k := provisiontest.New(root)
+	ps := policies(t, twoRails)
+	_, err := applier(root, k, "").Apply(context.Background(), provision.NewPlan(ps, node(t, root)))
+	require.NoError(t, err)
+	require.NoError(t, fixture.RemoveVF(root, "0000:10:00.0", 2))
+
+	n := node(t, root)
+	n.InUse = map[string]string{fixture.VFAddress(0x10, 1): "pod default/train-0"}
+	plan := provision.NewPlan(ps, n)
+	pf := plan.PFs[0]
+	require.ErrorIs(t, pf.Refused, provision.ErrBusy, "the other VFs go too: not while one is in use")
+	// The scan indexes VFs up to the first missing virtfn link: VF 3 is
+	// on the bus but without an index, so it is named too.
+	require.Contains(t, strings.Join(pf.Warnings, "\n"), "VFs [2 3] of 0000:10:00.0 are not on the PCI bus although sriov_numvfs is 4")
+
+	plan = provision.NewPlan(ps, node(t, root))
+	pf = plan.PFs[0]
+	require.NoError(t, pf.Refused)
+	require.Equal(t, provision.Step{Kind: provision.StepNumVFs, VF: -1, N: 0}, pf.Steps[1])
+	require.Equal(t, provision.Step{Kind: provision.StepNumVFs, VF: -1, N: 4}, pf.Steps[2])
+	_, err = applier(root, k, "").Apply(context.Background(), plan)
+	require.NoError(t, err)
+	k.Wait()
+	require.Zero(t, provision.NewPlan(ps, node(t, root)).Changes(), "every VF back")
+	snap, err := nic.NewScanner(root).Scan()
+	require.NoError(t, err)
+	_, ok := snap.Device(fixture.VFAddress(0x10, 2))
+	require.True(t, ok, "VF 2 is on the bus again")
+}

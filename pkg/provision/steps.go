@@ -182,7 +182,19 @@ func planSteps(pf *PF, node Node, pol *Policy) {
 		vfSteps = append(vfSteps, Step{Kind: StepWait, VF: k, Drv: wait, Owner: pf.PolicyOf(k)})
 	}
 	var touched []string // existing VFs the steps unbind or remove
-	if pf.NumVFs != pf.Want {
+	// A VF that sriov_numvfs counts but the bus lacks (hot-removed through
+	// its remove attribute, or a probe that failed) comes back only with
+	// the PF's VFs made again: N -> 0 -> N.
+	var missing []int
+	for k := 0; pf.NumVFs == pf.Want && k < pf.Want; k++ {
+		if vfs[k] == nil {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		pf.Warnings = append(pf.Warnings, fmt.Sprintf("VFs %v of %s are not on the PCI bus although sriov_numvfs is %d: its VFs are made again (%d -> 0 -> %d)", missing, pf.Address, pf.NumVFs, pf.NumVFs, pf.Want))
+	}
+	if pf.NumVFs != pf.Want || len(missing) > 0 {
 		switch {
 		case pf.TotalVFs == 0 && pf.Want > 0:
 			pf.Refused = fmt.Errorf("%w: PF %s has sriov_totalvfs 0: enable SR-IOV in the firmware (mlxconfig -d %s set SRIOV_EN=1 NUM_OF_VFS=%d) and reboot", ErrFirmware, pf.Address, pf.Address, pf.Want)
@@ -213,10 +225,6 @@ func planSteps(pf *PF, node Node, pol *Policy) {
 	} else {
 		for k := 0; k < pf.Want; k++ {
 			d := vfs[k]
-			if d == nil {
-				pf.Warnings = append(pf.Warnings, fmt.Sprintf("VF %d of %s is not on the PCI bus although sriov_numvfs is %d", k, pf.Address, pf.NumVFs))
-				continue
-			}
 			drv := pf.driverOf(k)
 			switch {
 			case d.Driver == "":
