@@ -147,4 +147,9 @@ dra_node_deleted() {
 	check "kubectl delete node $NODE" kubectl delete node "$NODE" --wait=true --timeout 60s
 	check "no ResourceSlice of the deleted node left (garbage collector)" wait_for 60 "GC deleted the node's slices" no_slices "$GPU_DRIVER"
 	start_kubelet " (registers the deleted Node again)"
+	# A Node registered anew has only the kubelet's labels: NFD would
+	# label it again; here it is done by hand, as at deploy (checks.sh).
+	kubectl label node "$NODE" "$NFD_LABEL=true" >/dev/null
+	check "the Node registered anew has the label the DaemonSet selects ($NFD_LABEL)" \
+		test "$(kubectl get node -l "$NFD_LABEL=true" -o name)" = "node/$NODE"
 }
