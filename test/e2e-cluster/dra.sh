@@ -213,21 +213,28 @@ test_dra() {
 	dra_node_deleted
 }
 
-# dra_deploy applies the device plugin's overlay (image, fixture host root)
-# with the DRA component on top, as a user turns it on.
-dra_deploy() {
-	mkdir -p "$RUN/deploy-dra"
-	cp "$RUN/deploy/kustomization.yaml" "$RUN/deploy-dra/"
-	# This cluster has no kube-proxy: the kubernetes Service's address,
-	# which in-cluster clients dial, leads nowhere. The plugin (on the host
-	# network) reaches the API server where it listens, as a node's own
-	# components do — the one change the DRA side needs here.
-	cat >>"$RUN/deploy-dra/kustomization.yaml" <<EOF
+# api_overlay DIR makes DIR a copy of the device plugin's overlay
+# ($RUN/deploy) in which the plugin talks to the API server. This cluster
+# has no kube-proxy: the kubernetes Service's address, which in-cluster
+# clients dial, leads nowhere. The plugin (on the host network) reaches the
+# API server where it listens, as a node's own components do — the one
+# change the plugin's API clients (DRA, provisioning's node labels) need
+# here. Patches may be appended to DIR/kustomization.yaml after it.
+api_overlay() {
+	mkdir -p "$1"
+	cp "$RUN/deploy/kustomization.yaml" "$1/"
+	cat >>"$1/kustomization.yaml" <<EOF
   - target: {kind: DaemonSet, name: $DS}
     patch: |-
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}}
 EOF
+}
+
+# dra_deploy applies the device plugin's overlay (image, fixture host root)
+# with the DRA component on top, as a user turns it on.
+dra_deploy() {
+	api_overlay "$RUN/deploy-dra"
 	echo "components: [$(realpath --relative-to="$RUN/deploy-dra" "$REPO/deployments/components/dra")]" >>"$RUN/deploy-dra/kustomization.yaml"
 	kubectl kustomize "$RUN/deploy-dra" >"$RUN/deploy-dra.yaml"
 	check "kubectl kustomize with components/dra runs /usr/bin/rdma-device-plugin-dra" \

@@ -26,18 +26,13 @@ plugin_pod() { kubectl -n "$DS_NS" get pods -l "app.kubernetes.io/name=$DS" -o j
 pod_log_has() { plugin_log | grep -qF -- "$1"; }
 
 # provision_deploy applies the device plugin's overlay (image, fixture host
-# root) with the component on top; beyond what dra_deploy changes (the API
+# root) with the component on top; beyond what api_overlay changes (the API
 # server's address), its read-write sysfs mounts go to the fixture host's
 # too, and the policy is the fixture's.
 provision_deploy() {
 	local dir=$RUN/deploy-provision
-	mkdir -p "$dir"
-	cp "$RUN/deploy/kustomization.yaml" "$dir/"
+	api_overlay "$dir" # dra.sh
 	cat >>"$dir/kustomization.yaml" <<OVERLAY
-  - target: {kind: DaemonSet, name: $DS}
-    patch: |-
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}}
   - target: {kind: DaemonSet, name: $DS}
     patch: '{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "$DS", "namespace": "$DS_NS"},
       "spec": {"template": {"spec": {"volumes": [{"name": "sys-devices", "hostPath": {"path": "$HOST/sys/devices"}},
