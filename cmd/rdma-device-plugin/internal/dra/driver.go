@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -299,7 +300,8 @@ func (d *Driver) publisher(ctx context.Context, helper *kubeletplugin.Helper) {
 // HandleError implements kubeletplugin.DRAPlugin. An API server that drops
 // device taints (DRADeviceTaints off) makes the driver leave unhealthy VFs
 // out of its slices instead; other publishing errors are logged (the
-// controller retries); anything else is fatal.
+// controller retries); a server that Stop stopped before it began serving
+// is not an error; anything else is fatal.
 func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 	var dropped *resourceslice.DroppedFieldsError
 	if errors.As(err, &dropped) && slices.Contains(dropped.DisabledFeatures(), "DRADeviceTaints") {
@@ -315,6 +317,12 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 	}
 	if errors.Is(err, kubeletplugin.ErrRecoverable) {
 		d.log.Error("dra: "+msg, "err", err)
+		return
+	}
+	if errors.Is(err, grpc.ErrServerStopped) {
+		// Only Stop stops the helper's servers; one stopped before its
+		// goroutine reached Serve reports it so.
+		d.log.Debug("dra: "+msg+" after the driver stopped it", "err", err)
 		return
 	}
 	d.log.Error("dra: "+msg+"; stopping", "err", err)

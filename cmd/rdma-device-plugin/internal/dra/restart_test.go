@@ -128,3 +128,15 @@ func vfSpecFiles(t testing.TB, e *testEnv) map[string]string {
 	maps.DeleteFunc(out, func(name, _ string) bool { return strings.HasPrefix(name, dra.DriverName+"_metadata_") })
 	return out
 }
+
+// A driver stopped right after it started (a pod deleted during start-up,
+// a test ending) must not take the stop for a failure: the helper's gRPC
+// servers may not have reached Serve yet, and Serve then answers
+// grpc.ErrServerStopped, which the helper hands to HandleError.
+func TestStopRightAfterStartIsNotFatal(t *testing.T) {
+	e := newTestEnv(t, fixtureRoot("dgx-h100"), "dra.json")
+	for range 30 {
+		d := e.start(t)
+		d.Stop()
+	}
+}

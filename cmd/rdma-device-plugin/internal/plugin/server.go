@@ -120,7 +120,8 @@ func (s *server) start(sock string) error {
 	s.mu.Unlock()
 	go func() {
 		defer close(done)
-		if err := g.Serve(l); err != nil {
+		// grpc.ErrServerStopped: stop came before Serve began; not a failure.
+		if err := g.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.log.Error("device plugin server stopped", "socket", sock, "err", err)
 		}
 	}()
