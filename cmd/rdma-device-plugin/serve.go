@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -164,7 +165,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	opts.Scan = scan
 	opts.Metrics = metrics
 	opts.PodResources = held
-	opts.ReleaseMemory = true
+	opts.ReleaseMemory = debug.FreeOSMemory
 	opts.Serves = servedByDevicePlugin
 	opts.Links = &plugin.NetlinkLinks{OnError: func(err error) {
 		log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)

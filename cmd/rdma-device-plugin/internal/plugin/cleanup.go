@@ -1,28 +1,23 @@
 package plugin
 
 import (
-	"runtime"
-	"runtime/debug"
+	"time"
 
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
 // afterFirstRegistration does what a start puts off until the kubelet
-// knows the pools, so that it does not delay them: giving the first scan's
-// garbage back to the OS, each pool's CDI spec (until it is written
-// Allocate returns DeviceSpecs and no CDI names), the leftovers of a
-// killed run. The scan's garbage is collected before the specs are
-// built, so that they reuse its pages instead of adding to the peak, and
-// all of it goes back to the OS after. Only once: returning the pages
-// before the specs only had the specs fault them in again, and each
-// forced release in this round is a stall for the Allocates the kubelet
-// sends right after registration, longer the larger the host (the
-// 1024-VF host's p99 against the DGX's, BenchmarkDaemonAllocate).
+// knows the pools, so that it does not delay them: each pool's CDI spec
+// (until it is written Allocate returns DeviceSpecs and no CDI names) and
+// the leftovers of a killed run. Giving the first scan's garbage back to
+// the OS waits longer, for a pause in the Allocates (releaseWait): a
+// restarted plugin is sent the Allocates of every pod that waited for it
+// right after it registers, and a forced collection and release among
+// them is a stall that grows with the host (the 1024-VF host's p99
+// against the DGX's, BenchmarkDaemonAllocate).
 func (m *Manager) afterFirstRegistration() {
 	m.registeredOnce = true
-	if m.opts.ReleaseMemory {
-		runtime.GC()
-	}
+	m.registeredAt = time.Now()
 	for r, s := range m.servers {
 		v := s.served()
 		if v.cdi = m.writeCDISpec(r, &v.pool); v.cdi {
@@ -30,9 +25,35 @@ func (m *Manager) afterFirstRegistration() {
 		}
 	}
 	m.removeLeftovers()
-	m.releaseMemory()
 	m.settle()
 	close(m.firstRound)
+}
+
+// The first memory release after registration waits until no Allocate
+// has come for releaseQuiet, and no longer than releaseMaxWait after the
+// registration round: on a node whose pods keep coming it is not put off
+// for good. Variables for the tests.
+var (
+	releaseQuiet   = 200 * time.Millisecond
+	releaseMaxWait = 2 * time.Second
+)
+
+// releaseWait is how much longer the first release waits at now: 0 when
+// it is due.
+func (m *Manager) releaseWait(now time.Time) time.Duration {
+	left := releaseMaxWait - now.Sub(m.registeredAt)
+	if left <= 0 {
+		return 0
+	}
+	last := m.lastAlloc.Load()
+	if last == 0 {
+		return 0
+	}
+	quiet := releaseQuiet - now.Sub(time.Unix(0, last))
+	if quiet <= 0 {
+		return 0
+	}
+	return min(quiet, left)
 }
 
 // writeCDISpec writes a pool's CDI spec and reports whether Allocate may
@@ -51,8 +72,8 @@ func (m *Manager) writeCDISpec(r string, p *pool.Pool) bool {
 
 // releaseMemory gives the garbage of a scan back to the OS.
 func (m *Manager) releaseMemory() {
-	if m.opts.ReleaseMemory {
-		debug.FreeOSMemory()
+	if m.opts.ReleaseMemory != nil {
+		m.opts.ReleaseMemory()
 	}
 }
 

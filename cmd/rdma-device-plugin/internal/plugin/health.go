@@ -153,6 +153,7 @@ func (m *Manager) isHeld(addr string) bool {
 }
 
 func (m *Manager) markAllocated(ids []string) {
+	m.lastAlloc.Store(time.Now().UnixNano())
 	m.allocMu.Lock()
 	defer m.allocMu.Unlock()
 	for _, id := range ids {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
@@ -76,12 +77,14 @@ type Options struct {
 	// (default 200 ms).
 	RegisterTimeout time.Duration
 	RetryInterval   time.Duration
-	// ReleaseMemory gives a scan's garbage back to the OS once the scan
-	// is applied (debug.FreeOSMemory: one extra GC per scan). A scan
+	// ReleaseMemory gives a scan's garbage back to the OS (serve.go:
+	// debug.FreeOSMemory, a GC and a release); nil: never. A scan
 	// allocates several times what the pools keep and the daemon then
 	// idles until the next one; without this the runtime keeps that
-	// memory resident until its background scavenger gets to it.
-	ReleaseMemory bool
+	// memory resident until its background scavenger gets to it. It runs
+	// after each rescan, and after the first registration once Allocate
+	// calls pause (releaseQuiet, releaseMaxWait).
+	ReleaseMemory func()
 }
 
 // Manager keeps one server per pool registered with the kubelet and their
@@ -124,6 +127,12 @@ type Manager struct {
 	firstRound     chan struct{}
 	// status is what the Run goroutine last published for the probes.
 	status probeStatus
+
+	// registeredAt is when the first registration round ended;
+	// lastAlloc the time (UnixNano) of the last Allocate served: the
+	// first memory release waits for a pause in them.
+	registeredAt time.Time
+	lastAlloc    atomic.Int64
 
 	allocMu sync.Mutex // guards the fields below
 	// allocated are the exclusive device IDs the kubelet has allocated
@@ -216,6 +225,11 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 		}
 	}
 	m.afterFirstRegistration()
+	release := time.NewTimer(min(releaseQuiet, releaseMaxWait))
+	if m.opts.ReleaseMemory == nil {
+		release.Stop()
+	}
+	defer release.Stop()
 	// A starting kubelet empties the directory and then creates
 	// kubelet.sock: a burst of events. They are let settle and answered
 	// with one reconcile, so that a late event of the burst does not
@@ -272,6 +286,12 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 			m.rescan(ctx, false, ticker)
 		case <-retry.C:
 			schedule(m.reconcile(ctx))
+		case <-release.C:
+			if d := m.releaseWait(time.Now()); d > 0 {
+				release.Reset(d)
+			} else {
+				m.releaseMemory()
+			}
 		}
 	}
 }
