@@ -55,6 +55,12 @@ claim_device() {
 	kubectl -n "$1" get resourceclaim "$2" -o json |
 		jq -r --arg d "$3" '[.status.allocation.devices.results[]? | select(.driver == $d) | .device] | join(",")'
 }
+# claim_network_data NS CLAIM DEVICE IFNAME ADDR MAC: the claim's status
+# has our DEVICE's entry with that network data, the only one of our driver.
+claim_network_data() {
+	kubectl -n "$1" get resourceclaim "$2" -o json | jq_true --arg d "$DRA_DRIVER" --arg n "$3" --arg i "$4" --arg a "$5" --arg m "$6" \
+		'[.status.devices[]? | select(.driver == $d) | {device, networkData}] == [{device: $n, networkData: {interfaceName: $i, ips: [$a], hardwareAddress: $m}}]'
+}
 # claim_unallocated NS CLAIM: the claim exists and has no allocation.
 claim_unallocated() { kubectl -n "$1" get resourceclaim "$2" -o json | jq_true '.status.allocation == null'; }
 # pod_claim NS POD prints the name of the ResourceClaim made for the pod's first claim.
@@ -359,6 +365,11 @@ dra_multus_pod() {
 		test "$(stat -c %F:%a "$DRA_PLUGIN_DIR/cni.sock" 2>/dev/null)" = socket:600
 	check_metadata default "$MULTUS_POD" train "resourceclaims/$MULTUS_CLAIM" vf "$vf" "$MULTUS_NAD"
 	MULTUS_VF=$vf MULTUS_IFNAME=$VF_IFNAME MULTUS_ADDR=$VF_ADDR
+	check "API server: DRAResourceClaimDeviceStatus on (GA in v1.37, no gate to set)" feature_enabled /metrics DRAResourceClaimDeviceStatus
+	check "API server: DRAResourceClaimGranularStatusAuthorization on (beta in v1.37, on by default)" \
+		feature_enabled /metrics DRAResourceClaimGranularStatusAuthorization
+	check "claim $MULTUS_CLAIM: status.devices has $vfdev's networkData ($VF_IFNAME, $VF_ADDR), applied by the driver (KEP-4817)" \
+		wait_for 30 "claim status networkData" claim_network_data default "$MULTUS_CLAIM" "$vfdev" "$VF_IFNAME" "$VF_ADDR" "$(mac_of "$vf")"
 	expect "whereabouts IPPool $EXAMPLE_RANGE holds the pod" "default/$MULTUS_POD" "$(ippool_pods "$EXAMPLE_RANGE" | xargs)"
 }
 

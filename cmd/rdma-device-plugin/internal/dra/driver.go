@@ -73,6 +73,9 @@ type Driver struct {
 	cdi    *cdiwrite.Writer
 	meta   *metaSpecs // the helper's device metadata specs, kept
 	cpPath string
+	// statusMu serializes the claim status writes (claimstatus.go); mu
+	// is not held across their API calls.
+	statusMu sync.Mutex
 
 	mu sync.Mutex // guards the fields below
 	// entries are the served VFs in publishing order; byName indexes them.

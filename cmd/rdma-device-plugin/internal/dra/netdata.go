@@ -226,6 +226,7 @@ func (d *Driver) publishNetData(ctx context.Context, req netdata.Request, nd *re
 			return nil, http.StatusInternalServerError, undo(fmt.Errorf("claim %s/%s request %s: device metadata: %w", rec.Namespace, rec.Name, r, err))
 		}
 	}
+	d.writeClaimStatus(uid)
 	return &netdata.Response{Claim: rec.Namespace + "/" + rec.Name, Request: requests[0]}, http.StatusOK, nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -145,4 +147,61 @@ func TestNetworkDataRefused(t *testing.T) {
 	// No socket: the CNI is told so.
 	_, err = netdata.Send(context.Background(), filepath.Join(t.TempDir(), "cni.sock"), attached(rail0vf0, "pod-0"))
 	require.ErrorIs(t, err, netdata.ErrNoSocket)
+}
+
+// claimStatusDevices waits (up to 10 s) until the claim's status.devices
+// satisfy ok and returns them.
+func (e *testEnv) claimStatusDevices(t testing.TB, name string, ok func([]resourceapi.AllocatedDeviceStatus) bool) []resourceapi.AllocatedDeviceStatus {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := e.client.ResourceV1().ResourceClaims("default").Get(context.Background(), name, metav1GetOptions)
+		require.NoError(t, err)
+		if ok(c.Status.Devices) {
+			return c.Status.Devices
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claim %s's status.devices never as wanted within 10 s (last: %+v)", name, c.Status.Devices)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The network data goes into the claim's status too (KEP-4817), applied
+// by the driver as its own field manager: an entry per VF that has some,
+// another driver's entry untouched.
+func TestNetworkDataInClaimStatus(t *testing.T) {
+	e := newTestEnv(t, fixtureRoot("dgx-h100"), "dra.json")
+	e.start(t)
+	k := e.register(t)
+	c := e.reserve(t, e.claim(t, "train", result{"gpu.example.com", "gpu", "gpu-0"}, vf("nic", rail0vf0), vf("nic", rail1vf0)), "pod-0")
+	gpu := resourceapi.AllocatedDeviceStatus{Driver: "gpu.example.com", Pool: testNode, Device: "gpu-0"}
+	c.Status.Devices = []resourceapi.AllocatedDeviceStatus{gpu}
+	c, err := e.client.ResourceV1().ResourceClaims("default").UpdateStatus(context.Background(), c, metav1UpdateOptions)
+	require.NoError(t, err)
+	require.Empty(t, k.prepare(t, c)[string(c.UID)].Error)
+
+	entry := func(addr, ip string) resourceapi.AllocatedDeviceStatus {
+		return resourceapi.AllocatedDeviceStatus{Driver: dra.DriverName, Pool: testNode, Device: dra.DeviceName(addr),
+			NetworkData: &resourceapi.NetworkDeviceData{InterfaceName: "net1", HardwareAddress: "02:00:00:0a:00:05", IPs: []string{ip}}}
+	}
+	has := func(want ...resourceapi.AllocatedDeviceStatus) func([]resourceapi.AllocatedDeviceStatus) bool {
+		return func(got []resourceapi.AllocatedDeviceStatus) bool {
+			if len(got) != len(want) {
+				return false
+			}
+			for _, w := range want {
+				if !slices.ContainsFunc(got, func(g resourceapi.AllocatedDeviceStatus) bool { return reflect.DeepEqual(g, w) }) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	_, err = send(t, e, attached(rail1vf0, "pod-0", "10.56.217.5/24"))
+	require.NoError(t, err)
+	e.claimStatusDevices(t, "train", has(gpu, entry(rail1vf0, "10.56.217.5/24")))
+	_, err = send(t, e, attached(rail0vf0, "pod-0", "10.56.218.5/24"))
+	require.NoError(t, err)
+	e.claimStatusDevices(t, "train", has(gpu, entry(rail1vf0, "10.56.217.5/24"), entry(rail0vf0, "10.56.218.5/24")))
 }
