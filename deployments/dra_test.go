@@ -117,6 +117,8 @@ func TestKustomizeDRA(t *testing.T) {
 			require.ElementsMatch(t, []rbacv1.PolicyRule{
 				{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 				{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+				{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
+				{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, ResourceNames: []string{"rdma.fastpath-k8s.io"}, Verbs: []string{"associated-node:patch"}},
 				{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
 			}, m.clusterRoles[0].Rules)
 			require.Len(t, m.clusterRoleBinds, 1)

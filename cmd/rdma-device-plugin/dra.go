@@ -29,7 +29,7 @@ type draFlags struct {
 
 func registerDRAFlags(fs *flag.FlagSet, f *draFlags) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "DRA: kubeconfig for the API server (default: the pod's service account)")
-	fs.StringVar(&f.pluginDir, "dra-plugin-dir", dra.DefaultPluginDir, "DRA: the plugin's directory for dra.sock, its checkpoint and the claims' device metadata files; the same path on the node")
+	fs.StringVar(&f.pluginDir, "dra-plugin-dir", dra.DefaultPluginDir, "DRA: the plugin's directory for dra.sock, the CNI's cni.sock, its checkpoint and the claims' device metadata files; the same path on the node")
 	fs.StringVar(&f.registryDir, "dra-registry-dir", dra.DefaultRegistryDir, "DRA: the kubelet's plugin registration directory")
 	fs.StringVar(&f.cdiDir, "dra-cdi-dir", dra.DefaultCDIDir, "DRA: where a CDI spec per prepared claim (and one per request, mounting its device metadata file) goes: the container runtime's CDI directory")
 }

@@ -55,6 +55,12 @@ claim_device() {
 	kubectl -n "$1" get resourceclaim "$2" -o json |
 		jq -r --arg d "$3" '[.status.allocation.devices.results[]? | select(.driver == $d) | .device] | join(",")'
 }
+# claim_network_data NS CLAIM DEVICE IFNAME ADDR MAC: the claim's status
+# has our DEVICE's entry with that network data, the only one of our driver.
+claim_network_data() {
+	kubectl -n "$1" get resourceclaim "$2" -o json | jq_true --arg d "$DRA_DRIVER" --arg n "$3" --arg i "$4" --arg a "$5" --arg m "$6" \
+		'[.status.devices[]? | select(.driver == $d) | {device, networkData}] == [{device: $n, networkData: {interfaceName: $i, ips: [$a], hardwareAddress: $m}}]'
+}
 # claim_unallocated NS CLAIM: the claim exists and has no allocation.
 claim_unallocated() { kubectl -n "$1" get resourceclaim "$2" -o json | jq_true '.status.allocation == null'; }
 # pod_claim NS POD prints the name of the ResourceClaim made for the pod's first claim.
@@ -180,7 +186,8 @@ no_metadata_left() { no_cdi_specs our_meta_specs && empty_dir "$META_HOST_DIR"; 
 # $META_DIR/CLAIM_DIR/REQUEST/$DRA_DRIVER-metadata.json (CLAIM_DIR is
 # resourceclaims/<claim> or resourceclaimtemplates/<the pod's claim
 # name>): metadata.resource.k8s.io/v1beta1, the VF's pciBusID, RDMA device,
-# uverbs (a device node the container has) and host netdev.
+# uverbs (a device node the container has) and host netdev; with NAD (a
+# 7th argument: the pod's VF attached by Multus), its networkData too.
 check_metadata() {
 	local ns=$1 pod=$2 ctr_name=$3 file="$META_DIR/$4/$5/$DRA_DRIVER-metadata.json" vf=$6 log got dev
 	log="$RUN/logs/metadata-$pod.json"
@@ -194,6 +201,25 @@ check_metadata() {
 			'{v: "metadata.resource.k8s.io/v1beta1", d: [{bus: $a, rdma: $r, uverbs: $u, netdev: $n}]}')" "$got"
 	dev=$(jq -r '.d[0].uverbs // ""' <<<"$got" 2>/dev/null) || dev=
 	check "$pod: the metadata's uverbs '$dev' is a device node in the container" in_container "$ns" "$pod" "$ctr_name" test -c "$dev"
+	[[ -n ${7:-} ]] && check_network_data "$ns" "$pod" "$7" "$vf" "$log"
+	return 0
+}
+
+# check_network_data NS POD NAD VF LOG: the metadata file the container
+# read (LOG) has the VF's networkData, which the sriov CNI told the driver
+# after its ADD and before the container was created: the interface
+# check_vf_in_pod found in the pod (VF_IFNAME, VF_ADDR), the stand-in's
+# MAC, and the addresses the pod's network-status gives the NAD's entry.
+check_network_data() {
+	local ns=$1 pod=$2 nad=$3 vf=$4 log=$5 got status
+	got=$(jq -c -s --arg d "$DRA_DRIVER" '[.[0].requests[].devices[] | select(.driver == $d) | .networkData // {}][0]' "$log" 2>/dev/null) || got=unreadable
+	expect "$pod: its metadata's networkData is its VF's interface in the pod" \
+		"$(jq -c -n --arg i "$VF_IFNAME" --arg a "$VF_ADDR" --arg m "$(mac_of "$vf")" '{interfaceName: $i, ips: [$a], hardwareAddress: $m}')" \
+		"$(jq -c '{interfaceName, ips, hardwareAddress}' <<<"$got" 2>/dev/null)"
+	status=$(kubectl -n "$ns" get pod "$pod" -o json | jq -r '.metadata.annotations["k8s.v1.cni.cncf.io/network-status"] // "[]"')
+	expect "$pod: networkData's addresses are network-status's for $ns/$nad" \
+		"$(jq -c --arg n "$ns/$nad" --arg i "$VF_IFNAME" '[.[] | select(.name == $n and .interface == $i) | .ips[]?]' <<<"$status")" \
+		"$(jq -c '[.ips[]? | sub("/[0-9]+$"; "")]' <<<"$got" 2>/dev/null)"
 }
 
 # ------------------------------------------------------------ the phase
@@ -335,7 +361,15 @@ dra_multus_pod() {
 	check_aligned "claim $MULTUS_CLAIM" "$gpu" "$vfdev"
 	check "claim $MULTUS_CLAIM: a VF ($vf), not the template pod's ($TEMPLATE_VF)" test -n "$vf" -a "$vf" != "$TEMPLATE_VF"
 	dra_check_pod default "$MULTUS_POD" train "$vf" "$MULTUS_NAD" "$EXAMPLE_RANGE"
-	check_metadata default "$MULTUS_POD" train "resourceclaims/$MULTUS_CLAIM" vf "$vf"
+	check "the driver's socket for the CNI, $DRA_PLUGIN_DIR/cni.sock, is root's only (0600)" \
+		test "$(stat -c %F:%a "$DRA_PLUGIN_DIR/cni.sock" 2>/dev/null)" = socket:600
+	check_metadata default "$MULTUS_POD" train "resourceclaims/$MULTUS_CLAIM" vf "$vf" "$MULTUS_NAD"
+	MULTUS_VF=$vf MULTUS_IFNAME=$VF_IFNAME MULTUS_ADDR=$VF_ADDR
+	check "API server: DRAResourceClaimDeviceStatus on (GA in v1.37, no gate to set)" feature_enabled /metrics DRAResourceClaimDeviceStatus
+	check "API server: DRAResourceClaimGranularStatusAuthorization on (beta in v1.37, on by default)" \
+		feature_enabled /metrics DRAResourceClaimGranularStatusAuthorization
+	check "claim $MULTUS_CLAIM: status.devices has $vfdev's networkData ($VF_IFNAME, $VF_ADDR), applied by the driver (KEP-4817)" \
+		wait_for 30 "claim status networkData" claim_network_data default "$MULTUS_CLAIM" "$vfdev" "$VF_IFNAME" "$VF_ADDR" "$(mac_of "$vf")"
 	expect "whereabouts IPPool $EXAMPLE_RANGE holds the pod" "default/$MULTUS_POD" "$(ippool_pods "$EXAMPLE_RANGE" | xargs)"
 }
 
@@ -374,7 +408,7 @@ dra_seed_pod() {
 	# the pod's status names them.
 	local req
 	req=$(kubectl -n default get pod "$SEED_POD" -o json | jq -r '.status.extendedResourceClaimStatus.requestMappings[0].requestName // ""')
-	check_metadata default "$SEED_POD" nccl "resourceclaims/$claim" "$req" "$vf"
+	check_metadata default "$SEED_POD" nccl "resourceclaims/$claim" "$req" "$vf" sriov-net-ib
 	check "$SEED_POD: its metadata file on the node ($META_HOST_DIR/default_$claim) and its CDI spec" \
 		test -f "$META_HOST_DIR/default_$claim/$req/metadata.json" -a -f "$CDI_DIR/${DRA_DRIVER}_metadata_$(claim_uid default "$claim")_$req.json"
 	local meta_spec="$CDI_DIR/${DRA_DRIVER}_metadata_$(claim_uid default "$claim")_$req.json"
@@ -498,6 +532,11 @@ dra_plugin_restart() {
 	check "the claims' CDI specs are still there" test "$(our_cdi_specs | wc -l)" = 3
 	check "the claims' device metadata CDI specs are still there" test "$(our_meta_specs | wc -l)" = 3
 	check_metadata default "$TEMPLATE_POD" train resourceclaimtemplates/gpu-vf vf "$TEMPLATE_VF"
+	# The CNI's network data is in the checkpoint too: a Prepare of the
+	# claim by the restarted plugin would write it again.
+	expect "the checkpoint keeps $MULTUS_POD's networkData" "$MULTUS_IFNAME" \
+		"$(jq -r --arg a "$MULTUS_VF" '[.claims[].devices[] | select(.pciAddress == $a) | .networkData.interfaceName // ""] | join(",")' "$DRA_PLUGIN_DIR/checkpoint.json" 2>/dev/null)"
+	VF_IFNAME=$MULTUS_IFNAME VF_ADDR=$MULTUS_ADDR check_metadata default "$MULTUS_POD" train "resourceclaims/$MULTUS_CLAIM" vf "$MULTUS_VF" "$MULTUS_NAD"
 }
 
 # dra_delete deletes the pods: their claims are released (the template's
@@ -534,6 +573,7 @@ dra_delete() {
 	check "DRA driver unregistered: $K/plugins_registry/$DRA_DRIVER-reg.sock removed" \
 		wait_for 60 "registration socket removed" no_path "$K/plugins_registry/$DRA_DRIVER-reg.sock"
 	check "DRA plugin socket $DRA_PLUGIN_DIR/dra.sock removed" wait_for 60 "plugin socket removed" no_path "$DRA_PLUGIN_DIR/dra.sock"
+	check "DRA driver's CNI socket $DRA_PLUGIN_DIR/cni.sock removed" wait_for 60 "CNI socket removed" no_path "$DRA_PLUGIN_DIR/cni.sock"
 	check "no ResourceSlice of $DRA_DRIVER left for the node once it unregistered" \
 		wait_for 150 "ResourceSlices wiped" no_slices "$DRA_DRIVER"
 	stop gpu-standin

@@ -43,6 +43,10 @@ type preparedClaim struct {
 	// when they are not its own (envPeers: its pod's other claims' too),
 	// so that a spec written again (restoreFiles) names the same.
 	Env []string `json:"env,omitempty"`
+	// Pods are the pods the claim was reserved for at Prepare
+	// (status.reservedFor): those whose CNI may publish a VF's network
+	// data (netdata.go) without asking the API server.
+	Pods []types.UID `json:"pods,omitempty"`
 }
 
 // preparedDevice is one of the claim's allocation results of this driver.
@@ -65,6 +69,9 @@ type preparedDevice struct {
 	// A checkpoint written before metadata has none: the file is then
 	// rewritten without attributes.
 	Metadata map[string]resourceapi.DeviceAttribute `json:"metadata,omitempty"`
+	// NetworkData is the VF's interface in its pod as the CNI told it
+	// after its ADD (netdata.go), kept for the same reason.
+	NetworkData *resourceapi.NetworkDeviceData `json:"networkData,omitempty"`
 }
 
 // loadCheckpoint reads path; a missing file is an empty checkpoint.

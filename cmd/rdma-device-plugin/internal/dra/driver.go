@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -48,7 +49,7 @@ type Options struct {
 	// that directory's path on the node, under which CDI specs name the
 	// device nodes (default "/").
 	HostRoot, NodeRoot string
-	// PluginDir holds dra.sock and the checkpoint; RegistryDir is where
+	// PluginDir holds dra.sock, the CNI's cni.sock and the checkpoint; RegistryDir is where
 	// the kubelet looks for plugin registration sockets. Both must exist.
 	PluginDir   string
 	RegistryDir string
@@ -72,6 +73,9 @@ type Driver struct {
 	cdi    *cdiwrite.Writer
 	meta   *metaSpecs // the helper's device metadata specs, kept
 	cpPath string
+	// statusMu serializes the claim status writes (claimstatus.go); mu
+	// is not held across their API calls.
+	statusMu sync.Mutex
 
 	mu sync.Mutex // guards the fields below
 	// entries are the served VFs in publishing order; byName indexes them.
@@ -87,6 +91,8 @@ type Driver struct {
 	// API server shows it drops taints, they are left out instead.
 	taints bool
 	helper *kubeletplugin.Helper
+	// netSrv serves the CNI's network data socket (netdata.go).
+	netSrv *http.Server
 	// published is what the ResourceSlice controller was last given.
 	published *resourceslice.DriverResources
 	// healthChanged is closed (and replaced) when what is published changes.
@@ -168,6 +174,7 @@ func (d *Driver) Start(ctx context.Context) error {
 	d.mu.Unlock()
 	go d.publisher(ctx, helper)
 	d.republish("start")
+	d.startNetData()
 	if d.opts.Links != nil {
 		events, err := d.opts.Links.Subscribe(ctx)
 		if err != nil {
@@ -190,6 +197,7 @@ func (d *Driver) Stop() {
 	d.helper = nil
 	d.mu.Unlock()
 	d.republish("stop") // wakes the publisher, which sees it is done
+	d.stopNetData()
 	h.Stop()
 	if done != nil {
 		<-done

@@ -286,5 +286,6 @@ type nicDevice = nic.Device
 
 var (
 	metav1UpdateOptions = metav1.UpdateOptions{}
+	metav1GetOptions    = metav1.GetOptions{}
 	metav1ListOptions   = metav1.ListOptions{}
 )

@@ -27,8 +27,10 @@ import (
 // numaNode, rdmaDevice, pfPciAddress, pfNetdev, netdev, vfIndex, linkType,
 // driver, the Multus ones) and the ones only a workload needs, below.
 // netdev is the VF's name in the host netns at Prepare: the name the pod
-// sees (the NAD's, "net1") is given by Multus and the CNI after Prepare,
-// so NetworkData is not set.
+// sees (the NAD's, "net1"), its MAC and addresses are given by Multus and
+// the CNI after Prepare; the CNI tells the driver once its ADD is through
+// and the driver rewrites the request's file with the VF's NetworkData
+// then (netdata.go), before the pod's containers start.
 
 // MetadataCDIKind is the CDI kind of the helper's metadata specs: a
 // request's metadata device is "<MetadataCDIKind>=<claim UID>_<request>",
@@ -77,10 +79,11 @@ func deviceMetadata(e *entry, rdmaCM string) map[string]resourceapi.DeviceAttrib
 }
 
 // withMetadata is a prepared device as the helper is told of it: with its
-// metadata when it has some.
-func withMetadata(d kubeletplugin.Device, attrs map[string]resourceapi.DeviceAttribute) kubeletplugin.Device {
-	if len(attrs) > 0 {
-		d.Metadata = &kubeletplugin.DeviceMetadata{Attributes: attrs}
+// metadata (attributes, and network data once the CNI gave it) when it has
+// some.
+func withMetadata(d kubeletplugin.Device, attrs map[string]resourceapi.DeviceAttribute, net *resourceapi.NetworkDeviceData) kubeletplugin.Device {
+	if len(attrs) > 0 || net != nil {
+		d.Metadata = &kubeletplugin.DeviceMetadata{Attributes: attrs, NetworkData: net}
 	}
 	return d
 }

@@ -112,7 +112,8 @@ func (d *Driver) planLocked(c *resourceapi.ResourceClaim, earlier []*claimPlan) 
 		return nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 	}
 	p := &claimPlan{claim: c, class: class, pod: reservedForOnePod(c),
-		rec: &preparedClaim{Namespace: c.Namespace, Name: c.Name, CDISpec: CDISpecName(c.UID)}}
+		rec: &preparedClaim{Namespace: c.Namespace, Name: c.Name, CDISpec: CDISpecName(c.UID), Pods: reservedPods(c)}}
+	prev := d.cp.Claims[c.UID]
 	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
 			continue
@@ -122,7 +123,7 @@ func (d *Driver) planLocked(c *resourceapi.ResourceClaim, earlier []*claimPlan) 
 		}
 		e, ok := d.byName[r.Device]
 		if !ok {
-			if prev := d.cp.Claims[c.UID]; prev != nil && sameDevices(prev, c) && d.specExists(prev.CDISpec) {
+			if prev != nil && sameDevices(prev, c) && d.specExists(prev.CDISpec) {
 				// Prepared before and now out of this scan's pools (its
 				// netdev and RDMA device are in the pod): what was written
 				// still stands.
@@ -146,12 +147,15 @@ func (d *Driver) planLocked(c *resourceapi.ResourceClaim, earlier []*claimPlan) 
 		}
 		id := CDIDeviceID(class, e.dev.PCIAddress)
 		meta := deviceMetadata(e, d.rdmaCM)
+		// Prepared again (a kubelet restarted): the network data its CNI
+		// gave stays until the next ADD replaces it.
+		net := prev.networkData(r.Request, e.dev.PCIAddress)
 		p.rec.Devices = append(p.rec.Devices, preparedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device,
-			PCIAddress: e.dev.PCIAddress, Resource: e.res.ResourceName(), CDIDeviceID: id, AdminAccess: isAdmin, Metadata: meta})
+			PCIAddress: e.dev.PCIAddress, Resource: e.res.ResourceName(), CDIDeviceID: id, AdminAccess: isAdmin, Metadata: meta, NetworkData: net})
 		if !slices.ContainsFunc(p.devs, func(cd claimDevice) bool { return cd.dev == e.dev }) {
 			p.devs = append(p.devs, claimDevice{res: e.res, dev: e.dev})
 		}
-		p.result = append(p.result, withMetadata(kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id}}, meta))
+		p.result = append(p.result, withMetadata(kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id}}, meta, net))
 	}
 	if len(p.devs) == 0 {
 		return &claimPlan{claim: c}, nil // nothing of ours in the claim
@@ -378,7 +382,7 @@ func sameDevices(rec *preparedClaim, c *resourceapi.ResourceClaim) bool {
 func resultOf(rec *preparedClaim) []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, 0, len(rec.Devices))
 	for _, d := range rec.Devices {
-		out = append(out, withMetadata(kubeletplugin.Device{Requests: []string{d.Request}, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: []string{d.CDIDeviceID}}, d.Metadata))
+		out = append(out, metadataDevice(d))
 	}
 	return out
 }

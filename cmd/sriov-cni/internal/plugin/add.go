@@ -44,7 +44,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if c.legacyResult() && c.IPAM.Type == "" {
 		return invalidConf("cniVersion %s: its result holds IP addresses only, and this network has no ipam to give one: set cniVersion 0.3.1 or later (the result then names the interface), or add an ipam section", c.CNIVersion)
 	}
-	cands, err := p.candidates(ctx, c, args)
+	cands, fromDRA, err := p.candidates(ctx, c, args)
 	if err != nil {
 		return err
 	}
@@ -72,6 +72,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
+	p.tellDRA(ctx, log, c, args, vf, fromDRA, result)
 	return result.PrintTo(p.Stdout)
 }
 
@@ -93,8 +94,14 @@ func refuseHostNetns(path string) error {
 // candidates are the VFs this attachment may use: the one the conf names,
 // or those of resourceName that the kubelet gave the pod, or (no
 // resourceName, or none of it) the pod's VFs of fastpath's DRA driver
-// (PodResources).
-func (p *Plugin) candidates(ctx context.Context, c *NetConf, args *skel.CmdArgs) ([]string, error) {
+// (PodResources). fromDRA is set when they are known to be the DRA
+// driver's (no resourceName: PodResources gave the pod's DRA VFs only).
+func (p *Plugin) candidates(ctx context.Context, c *NetConf, args *skel.CmdArgs) (_ []string, fromDRA bool, _ error) {
+	ids, err := p.candidateIDs(ctx, c, args)
+	return ids, err == nil && c.deviceID() == "" && c.ResourceName == "", err
+}
+
+func (p *Plugin) candidateIDs(ctx context.Context, c *NetConf, args *skel.CmdArgs) ([]string, error) {
 	if id := c.deviceID(); id != "" {
 		return []string{id}, nil
 	}

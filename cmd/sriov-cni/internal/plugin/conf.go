@@ -35,6 +35,9 @@ type NetConf struct {
 	ResourceName       string `json:"resourceName,omitempty"`
 	PodResourcesSocket string `json:"podResourcesSocket,omitempty"`
 	StateDir           string `json:"stateDir,omitempty"`
+	// DRASocket is the DRA driver's socket for the VF's network data
+	// (dranotify.go); "" is the plugin's default (Plugin.DRASocket).
+	DRASocket string `json:"draSocket,omitempty"`
 
 	// VF settings, applied on the PF.
 	Vlan      *int   `json:"vlan,omitempty"`
@@ -124,6 +127,9 @@ func parseConf(data []byte) (*NetConf, error) {
 	}
 	if !filepath.IsAbs(c.PodResourcesSocket) {
 		return nil, invalidConf("podResourcesSocket %q: want an absolute path", c.PodResourcesSocket)
+	}
+	if c.DRASocket != "" && !filepath.IsAbs(c.DRASocket) {
+		return nil, invalidConf("draSocket %q: want an absolute path", c.DRASocket)
 	}
 	if c.ResourceName != "" && strings.Count(c.ResourceName, "/") != 1 {
 		return nil, invalidConf("resourceName %q: want <prefix>/<name>, e.g. mellanox.com/mlnx_sriov_rdma", c.ResourceName)

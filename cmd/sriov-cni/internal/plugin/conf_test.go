@@ -74,6 +74,7 @@ func TestParseConfInvalid(t *testing.T) {
 		{"mtu", `{"name":"n","mtu":20}`, "mtu 20: want 68-65535"},
 		{"state dir", `{"name":"n","stateDir":"state"}`, "stateDir \"state\": want an absolute path"},
 		{"socket", `{"name":"n","podResourcesSocket":"kubelet.sock"}`, "podResourcesSocket"},
+		{"dra socket", `{"name":"n","type":"sriov","draSocket":"cni.sock"}`, `draSocket "cni.sock": want an absolute path`},
 		{"resource", `{"name":"n","resourceName":"mlnx_sriov_rdma"}`, "want <prefix>/<name>"},
 		{"devinfo", `{"name":"n","runtimeConfig":{"CNIDeviceInfoFile":"x.json"}}`, "CNIDeviceInfoFile"},
 		{"log level", `{"name":"n","logLevel":"loud"}`, `logLevel "loud"`},

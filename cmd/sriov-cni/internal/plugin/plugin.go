@@ -29,6 +29,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/fastpath-k8s/fastpath/internal/netdata"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
@@ -54,6 +55,10 @@ type Plugin struct {
 	RDMA RDMA
 	// NewPodResources returns a client of the kubelet's PodResources API.
 	NewPodResources func(socket string) PodResources
+	// DRASocket is fastpath's DRA driver's socket for the network data of
+	// the VFs it prepared (dranotify.go) when the conf names none; ""
+	// tells it nothing.
+	DRASocket string
 	// NetdevPCI, when set, says which PCI device a netdev is (its PCI
 	// address, or ""); nil reads the kernel's IFLA_PARENT_DEV_NAME. Tests
 	// set it for the veth links that stand in for VFs.
@@ -75,7 +80,7 @@ func New() *Plugin {
 	}
 	p := &Plugin{
 		HostRoot: root, NewPFLink: sriov.NewNetlinkPFLink, RDMA: NewNetlinkRDMA(), NewPodResources: NewKubeletPodResources,
-		Stdout: os.Stdout, Stderr: os.Stderr,
+		DRASocket: netdata.DefaultSocket, Stdout: os.Stdout, Stderr: os.Stderr,
 	}
 	testBuild(p)
 	return p
