@@ -189,11 +189,12 @@ func TestLabelsOtherCA(t *testing.T) {
 func TestLabelsTimeout(t *testing.T) {
 	ca := newCA(t)
 	release := make(chan struct{})
+	// The handler never answers before the test ends: one that returned
+	// when its request's context ended could answer an empty 200 first
+	// (the server ends that context on its own reading of the connection).
 	srv := apiServer(t, ca, func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
+		<-release
+		w.WriteHeader(http.StatusServiceUnavailable)
 	})
 	t.Cleanup(func() { close(release) }) // before srv.Close (cleanups run last-in first-out)
 	c := inCluster(t, srv, serviceAccount(t, ca, "tok-1"), 200*time.Millisecond)
