@@ -21,7 +21,6 @@
 package cdiwrite
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -70,10 +69,7 @@ func (w *Writer) write(spec *cdispec.Spec, name string) error {
 	if err := Validate(spec); err != nil {
 		return fmt.Errorf("invalid CDI Spec: %w", err)
 	}
-	data, err := json.Marshal(spec)
-	if err != nil {
-		return fmt.Errorf("marshal: %w", err)
-	}
+	data := appendSpec(make([]byte, 0, specSizeHint(spec)), spec)
 	if err := os.MkdirAll(w.staging, 0o755); err != nil {
 		return err
 	}
@@ -200,6 +196,15 @@ func validateNode(n *cdispec.DeviceNode) error {
 		return fmt.Errorf("device %q: invalid permissions %q", n.Path, n.Permissions)
 	}
 	return nil
+}
+
+// specSizeHint is about the size of spec's JSON: its devices times the
+// first one's, so that appendSpec grows its buffer once or not at all.
+func specSizeHint(spec *cdispec.Spec) int {
+	if len(spec.Devices) == 0 {
+		return 256
+	}
+	return 256 + len(spec.Devices)*len(appendSpec(nil, &cdispec.Spec{Devices: spec.Devices[:1]}))
 }
 
 // Remove deletes dir/name; a spec that is not there is no error.
