@@ -56,15 +56,21 @@ func newCDISpecs(dir string) (*cdiSpecs, error) {
 // version is the lowest that has what the spec uses, so that older
 // runtimes take it.
 func cdiSpec(p *pool.Pool, rdmaCM, root string) (*cdispec.Spec, error) {
-	spec := &cdispec.Spec{Kind: p.ResourceName()} // vendor/class
+	spec := &cdispec.Spec{Kind: p.ResourceName(), Devices: make([]cdispec.Device, 0, len(p.Devices))} // vendor/class
 	for i := range p.Devices {
 		d := &p.Devices[i]
-		var nodes []*cdispec.DeviceNode
-		for _, path := range devicePaths(d, rdmaCM) {
-			nodes = append(nodes, &cdispec.DeviceNode{Path: path, HostPath: hostPath(root, path), Permissions: "rw"})
-		}
-		if len(nodes) == 0 {
+		paths := devicePaths(d, rdmaCM)
+		if len(paths) == 0 {
 			continue
+		}
+		// Two allocations a device, not one per node: a 1024-VF pool's
+		// spec is built right after registration, beside the first
+		// Allocates.
+		backing := make([]cdispec.DeviceNode, len(paths))
+		nodes := make([]*cdispec.DeviceNode, len(paths))
+		for j, path := range paths {
+			backing[j] = cdispec.DeviceNode{Path: path, HostPath: hostPath(root, path), Permissions: "rw"}
+			nodes[j] = &backing[j]
 		}
 		spec.Devices = append(spec.Devices, cdispec.Device{
 			Name:           d.PCIAddress,
