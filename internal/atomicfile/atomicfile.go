@@ -15,7 +15,7 @@ import (
 // not a crash of the node, after which VFs, namespaces and pods are gone
 // anyway (the CNI recognises state from an earlier boot by its boot ID).
 func Write(path string, data []byte, perm os.FileMode) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), tempPattern(filepath.Base(path)))
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -38,4 +38,16 @@ func Write(path string, data []byte, perm os.FileMode) (err error) {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// tempPattern is the name of Write's temporary file for a file named
+// base: "*" is where CreateTemp puts its random part.
+func tempPattern(base string) string { return "." + base + ".tmp-*" }
+
+// Temporaries are the temporary files that writes of path cut short by a
+// kill left beside it (a Write that returns removes its own). path may
+// be a filepath.Match pattern (its directory plain): the temporaries of
+// every file it matches.
+func Temporaries(path string) ([]string, error) {
+	return filepath.Glob(filepath.Join(filepath.Dir(path), tempPattern(filepath.Base(path))))
 }

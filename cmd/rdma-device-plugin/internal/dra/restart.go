@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 
 	"k8s.io/apimachinery/pkg/types"
 	"tags.cncf.io/container-device-interface/pkg/parser"
+
+	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
 )
 
 // What a prepared claim needs from outside the checkpoint outlives a
@@ -205,7 +206,7 @@ func removeTemporaries(cpPath string, cp *checkpoint) error {
 	}
 	var errs []error
 	for _, p := range paths {
-		left, err := filepath.Glob(filepath.Join(filepath.Dir(p), "."+filepath.Base(p)+".tmp-*"))
+		left, err := atomicfile.Temporaries(p)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("temporaries of %s: %w", p, err))
 		}

@@ -122,7 +122,7 @@ func (s *devInfoStore) removeLeftovers(prefix, name string) error {
 	if err != nil {
 		return err
 	}
-	tmps, err := filepath.Glob(filepath.Join(s.dir, "."+filepath.Base(pattern)+".tmp-*"))
+	tmps, err := atomicfile.Temporaries(pattern)
 	if err != nil {
 		return err
 	}

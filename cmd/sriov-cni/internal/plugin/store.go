@@ -270,7 +270,7 @@ func (l *Lock) Unlock(remove bool) {
 // left for teardown, which knows where the link belongs.
 func (s *Store) clearLeftovers(vf string) error {
 	var errs []error
-	tmps, _ := filepath.Glob(filepath.Join(s.dir, "."+vf+".json.tmp-*"))
+	tmps, _ := atomicfile.Temporaries(s.path(vf))
 	for _, t := range tmps {
 		if err := os.Remove(t); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
