@@ -23,19 +23,7 @@ func appendSpec(b []byte, s *cdispec.Spec) []byte {
 	if s.Devices == nil {
 		b = append(b, "null"...)
 	} else {
-		b = append(b, '[')
-		for i := range s.Devices {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			d := &s.Devices[i]
-			b = append(b, `{"name":`...)
-			b = appendString(b, d.Name)
-			b = append(b, `,"containerEdits":`...)
-			b = appendEdits(b, &d.ContainerEdits)
-			b = append(b, '}')
-		}
-		b = append(b, ']')
+		b = appendArray(b, s.Devices, appendDevice)
 	}
 	// A struct is never omitted, omitempty or not.
 	b = append(b, `,"containerEdits":`...)
@@ -43,41 +31,40 @@ func appendSpec(b []byte, s *cdispec.Spec) []byte {
 	return append(b, '}')
 }
 
+// appendArray appends xs as a JSON array, each element by appendElem.
+func appendArray[T any](b []byte, xs []T, appendElem func([]byte, T) []byte) []byte {
+	b = append(b, '[')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendElem(b, x)
+	}
+	return append(b, ']')
+}
+
+func appendDevice(b []byte, d cdispec.Device) []byte {
+	b = append(b, `{"name":`...)
+	b = appendString(b, d.Name)
+	b = append(b, `,"containerEdits":`...)
+	b = appendEdits(b, &d.ContainerEdits)
+	return append(b, '}')
+}
+
 // appendEdits appends the environment and device nodes of e, each left
 // out when empty (omitempty).
 func appendEdits(b []byte, e *cdispec.ContainerEdits) []byte {
 	b = append(b, '{')
-	first := true
-	field := func(name string) {
-		if !first {
-			b = append(b, ',')
-		}
-		first = false
-		b = append(b, '"')
-		b = append(b, name...)
-		b = append(b, `":`...)
-	}
 	if len(e.Env) > 0 {
-		field("env")
-		b = append(b, '[')
-		for i, v := range e.Env {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, v)
-		}
-		b = append(b, ']')
+		b = append(b, `"env":`...)
+		b = appendArray(b, e.Env, appendString)
 	}
 	if len(e.DeviceNodes) > 0 {
-		field("deviceNodes")
-		b = append(b, '[')
-		for i, n := range e.DeviceNodes {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = appendNode(b, n)
+		if len(e.Env) > 0 {
+			b = append(b, ',')
 		}
-		b = append(b, ']')
+		b = append(b, `"deviceNodes":`...)
+		b = appendArray(b, e.DeviceNodes, appendNode)
 	}
 	return append(b, '}')
 }
