@@ -188,11 +188,8 @@ func takenIn(plans []*claimPlan, pciAddress string) *resourceapi.ResourceClaim {
 // reservedForOnePod is the pod a claim is reserved for when it is reserved
 // for exactly one consumer and that consumer is a pod, else "".
 func reservedForOnePod(c *resourceapi.ResourceClaim) types.UID {
-	if len(c.Status.ReservedFor) != 1 {
-		return ""
-	}
-	if r := c.Status.ReservedFor[0]; r.APIGroup == "" && r.Resource == "pods" {
-		return r.UID
+	if pods := reservedPods(c); len(c.Status.ReservedFor) == 1 && len(pods) == 1 {
+		return pods[0]
 	}
 	return ""
 }
