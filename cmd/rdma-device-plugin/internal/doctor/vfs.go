@@ -88,7 +88,7 @@ func (h *host) checkVFs() {
 				st = Fail
 			}
 			h.addf("sriov", st, pf.PCIAddress+" ("+orDash(pf.Netdev)+")",
-				fmt.Sprintf("echo N > /sys/bus/pci/devices/%s/sriov_numvfs (N <= %d), from the node's provisioning (udev rule or systemd unit) so that it survives a reboot: fastpath never writes sysfs", pf.PCIAddress, pf.TotalVFs),
+				fmt.Sprintf("echo N > /sys/bus/pci/devices/%s/sriov_numvfs (N <= %d), from the node's provisioning (udev rule or systemd unit) so that it survives a reboot, or let the plugin create them from a SriovNetworkNodePolicy (--policy, deployments/components/provision)", pf.PCIAddress, pf.TotalVFs),
 				"sriov_numvfs is 0 (of %d): %s would take this PF's VFs but it has none", pf.TotalVFs, p.ResourceName())
 		}
 	}
