@@ -127,6 +127,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	}
 	var class map[string][]rdma.CharDevice
 	hasRDMA := false
+	lastPF := -1 // the last VF's PF: a PF's VFs mostly follow one another
 	for i := range fns {
 		f := &fns[i]
 		if !f.IsNIC() {
@@ -135,9 +136,15 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		var pf *pci.Function
 		vfIndex := -1
 		if f.IsVF() {
-			if j, ok := pci.Find(fns, f.PhysFn); ok {
-				pf = &fns[j]
-				vfIndex = read[j].vfIndex(f.Address)
+			if lastPF < 0 || fns[lastPF].Address != f.PhysFn {
+				var ok bool
+				if lastPF, ok = pci.Find(fns, f.PhysFn); !ok {
+					lastPF = -1
+				}
+			}
+			if lastPF >= 0 {
+				pf = &fns[lastPF]
+				vfIndex = read[lastPF].vfIndex(f.Address)
 			}
 		}
 		devs := read[i].rdma

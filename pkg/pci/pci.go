@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 )
 
@@ -86,17 +85,18 @@ func ValidAddress(s string) bool {
 	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
 		return false
 	}
-	for i, c := range s {
+	for i := 0; i < len(s); i++ {
 		switch i {
 		case 4, 7, 10:
 			continue
 		}
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
 			return false
 		}
 	}
-	dev, _ := strconv.ParseUint(s[8:10], 16, 8)
-	return dev <= 0x1f && s[11] <= '7'
+	// Device 00-1f (its first digit 0 or 1), function 0-7: a scan checks
+	// every bus and class entry, so no ParseUint.
+	return s[8] <= '1' && s[11] <= '7'
 }
 
 // Scanner reads PCI functions under a root.

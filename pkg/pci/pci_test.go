@@ -1,6 +1,7 @@
 package pci_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -129,8 +130,16 @@ func TestValidAddress(t *testing.T) {
 		"0000:18:00.8": false, "0000:18:20.0": false, "0000:18:00": false, "18:00.1": false,
 		"0000:18:00.1\n": false, "0000:1G:00.1": false, "0000:18:00.1/..": false, "../../../..00": false,
 		"0000:AB:00.1": false, "": false,
+		"0000:18:10.0": true, "0000:18:1a.0": true, "0000:18:2a.0": false, "0000:18:a0.0": false, "0000:18:0f.8": false,
 	} {
 		require.Equal(t, want, pci.ValidAddress(s), s)
+	}
+	// Every device and function number: device 00-1f, function 0-7.
+	for dev := range 256 {
+		for fn := range 16 {
+			s := fmt.Sprintf("0000:18:%02x.%x", dev, fn)
+			require.Equal(t, dev <= 0x1f && fn <= 7, pci.ValidAddress(s), s)
+		}
 	}
 }
 

@@ -158,6 +158,7 @@ func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 	clear(fns[n:])
 	clear(vals[n:])
 	out, vals := fns[:n], vals[:n]
+	pf := -1 // the last VF's PF: a PF's VFs mostly follow one another
 	for i := range out {
 		f := &out[i]
 		if f.numaRead {
@@ -165,8 +166,14 @@ func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 		}
 		// A VF: the kernel puts it on its PF's bus, and so on its PF's
 		// node.
-		if j, ok := Find(out, f.PhysFn); ok && out[j].NUMANode >= 0 {
-			f.NUMANode = out[j].NUMANode
+		if pf < 0 || out[pf].Address != f.PhysFn {
+			var ok bool
+			if pf, ok = Find(out, f.PhysFn); !ok {
+				pf = -1
+			}
+		}
+		if pf >= 0 && out[pf].NUMANode >= 0 {
+			f.NUMANode = out[pf].NUMANode
 			continue
 		}
 		// Its PF is not in the scan (gone mid-scan) or does not know:
@@ -303,7 +310,10 @@ func (w *worker) scanOne(i int, f *Function, addr string) (bool, error) {
 	// Names below the function are resolved from its parent directory:
 	// two path components per read instead of following the bus link
 	// (seven components on a typical host) every time.
-	parent, err := w.parent(filepath.Dir(f.SysfsPath))
+	// SysfsPath is clean, as resolve and the class links made it (no
+	// trailing slash, no "." or ".."): its parent is up to its last slash,
+	// without filepath.Dir's Clean.
+	parent, err := w.parent(f.SysfsPath[:strings.LastIndexByte(f.SysfsPath, '/')])
 	if err != nil {
 		return false, fmt.Errorf("pci %s: %w", addr, err)
 	}

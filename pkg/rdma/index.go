@@ -3,7 +3,6 @@ package rdma
 import (
 	"errors"
 	"path/filepath"
-	"strings"
 	"sync"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
@@ -54,7 +53,13 @@ func (idx *ScanIndex) Nodes() DevNodes { return idx.nodes }
 // charKind returns the kind of a char device name ("uverbs14" is
 // KindUverbs); false for a name that is not a kind and a number.
 func charKind(name string) (string, bool) {
-	kind := strings.TrimRight(name, "0123456789")
+	// By hand, not strings.TrimRight with a cutset: that builds its set
+	// on every call, and a node scan asks for thousands of names.
+	i := len(name)
+	for i > 0 && '0' <= name[i-1] && name[i-1] <= '9' {
+		i--
+	}
+	kind := name[:i]
 	if kind == name || kind != KindUverbs && kind != KindUmad && kind != KindIssm {
 		return "", false
 	}
