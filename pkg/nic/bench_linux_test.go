@@ -54,7 +54,7 @@ func BenchmarkDiscover(b *testing.B) {
 
 // benchFloor makes the floor's system calls for every VF of snap.
 func benchFloor(b *testing.B, root string, snap *nic.Snapshot, vfs int) {
-	floor := floorOps(b, root, snap, vfs)
+	floor := floorOps(b, root, snap, vfs, false)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		floor()
@@ -66,10 +66,16 @@ func benchFloor(b *testing.B, root string, snap *nic.Snapshot, vfs int) {
 // median of their ratio (x-floor): on a machine shared with other work,
 // the scan and floor sub-benchmarks run seconds apart under different
 // load, and their quotient is not the scan's cost against the floor.
+//
+// Each pair also makes, untimed, a floor pass that first lists the bus and
+// the four class directories as a scan must (floor.Listings), and reports
+// the scan's median ratio to it (x-floorlist) and its median (floorlist-ms):
+// the floor of BenchmarkDaemonStart's 1024-VF row.
 func benchVsFloor(b *testing.B, root string, sc *nic.Scanner, snap *nic.Snapshot, vfs int) {
-	floor := floorOps(b, root, snap, vfs)
+	floor := floorOps(b, root, snap, vfs, false)
+	floorList := floorOps(b, root, snap, vfs, true)
 	ratios := make([]float64, 0, max(b.N, minPairs))
-	var scans, floors []float64
+	var scans, floors, listRatios, lists []float64
 	pair := func() {
 		t0 := time.Now()
 		if _, err := sc.Scan(); err != nil {
@@ -77,9 +83,15 @@ func benchVsFloor(b *testing.B, root string, sc *nic.Scanner, snap *nic.Snapshot
 		}
 		t1 := time.Now()
 		floor()
-		scan, fl := t1.Sub(t0), time.Since(t1)
+		t2 := time.Now()
+		b.StopTimer()
+		floorList()
+		b.StartTimer()
+		scan, fl, list := t1.Sub(t0), t2.Sub(t1), time.Since(t2)
 		ratios = append(ratios, float64(scan)/float64(fl))
+		listRatios = append(listRatios, float64(scan)/float64(list))
 		scans, floors = append(scans, float64(scan.Microseconds())/1e3), append(floors, float64(fl.Microseconds())/1e3)
+		lists = append(lists, float64(list.Microseconds())/1e3)
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -94,7 +106,7 @@ func benchVsFloor(b *testing.B, root string, sc *nic.Scanner, snap *nic.Snapshot
 	for _, m := range []struct {
 		xs   []float64
 		unit string
-	}{{ratios, "x-floor"}, {scans, "ms"}, {floors, "floor-ms"}} {
+	}{{ratios, "x-floor"}, {scans, "ms"}, {floors, "floor-ms"}, {listRatios, "x-floorlist"}, {lists, "floorlist-ms"}} {
 		slices.Sort(m.xs)
 		b.ReportMetric(m.xs[len(m.xs)/2], m.unit)
 	}
@@ -107,9 +119,10 @@ func benchVsFloor(b *testing.B, root string, sc *nic.Scanner, snap *nic.Snapshot
 // hundredths from one run to the next.
 const minPairs = 60
 
-// floorOps prepares the floor's system calls for every VF of snap and
-// returns a function that makes them once, from one thread per CPU.
-func floorOps(b *testing.B, root string, snap *nic.Snapshot, vfs int) func() {
+// floorOps prepares the floor's system calls for every VF of snap, after
+// the listings if list, and returns a function that makes them once, from
+// one thread per CPU.
+func floorOps(b *testing.B, root string, snap *nic.Snapshot, vfs int, list bool) func() {
 	vfList, err := fromnic.VFs(snap)
 	require.NoError(b, err)
 	require.Len(b, vfList, vfs)
@@ -119,6 +132,12 @@ func floorOps(b *testing.B, root string, snap *nic.Snapshot, vfs int) func() {
 	ops := floor.Ops(vfList)
 	threads := runtime.GOMAXPROCS(0)
 	return func() {
+		// The listings first, as test/regfloor -list makes them.
+		if list {
+			if err := pass.Run(floor.Listings(), threads); err != nil {
+				b.Fatal(err)
+			}
+		}
 		if err := pass.Run(ops, threads); err != nil {
 			b.Fatal(err)
 		}
