@@ -140,8 +140,7 @@ func devicesFrom(dir Attrs, names, verbs, mad []string) ([]Device, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
-	devs := make([]Device, len(names))
-	single := len(devs) == 1
+	single := len(names) == 1
 	// ib_umad makes one umad device per IB or RoCE port: a single device
 	// with k of them has ports 1..k, and no port k+1 to probe for.
 	nports := 0
@@ -152,20 +151,36 @@ func devicesFrom(dir Attrs, names, verbs, mad []string) ([]Device, error) {
 			}
 		}
 	}
+	// A node scan reads thousands of functions, nearly all with one
+	// device, one port and a uverbs, umad and issm device: those take
+	// one allocation for the device, its ports and its char devices.
+	var devs []Device
+	var ports []Port
+	var chars []CharDevice
+	if single && nports <= 1 && len(verbs)+len(mad) <= len(oneDevice{}.chars) {
+		one := new(oneDevice)
+		devs, ports, chars = one.dev[:], one.ports[:0], one.chars[:0]
+	} else {
+		devs = make([]Device, len(names))
+	}
 	for i, n := range names {
 		devs[i].Name = n
-		ports, err := readPorts(dir, "infiniband/"+n, nports)
+		p, err := readPorts(dir, n, nports, ports)
 		if err != nil {
 			return nil, fmt.Errorf("rdma %s: %w", n, err)
 		}
-		devs[i].Ports = ports
+		devs[i].Ports = p
 	}
+	// The char devices' paths, DevDir/<name>, are windows of one string.
+	paths, off := charPaths(verbs, mad), 0
 	classes := [...]struct {
 		name    string
 		entries []string
 	}{{"infiniband_verbs", verbs}, {"infiniband_mad", mad}}
 	for _, class := range classes {
 		for _, e := range class.entries {
+			path := paths[off : off+len(DevDir)+1+len(e)]
+			off += len(path)
 			kind, ok := charKind(e)
 			if !ok {
 				continue
@@ -182,7 +197,7 @@ func devicesFrom(dir Attrs, names, verbs, mad []string) ([]Device, error) {
 				}
 				d = &devs[i]
 			}
-			cd := CharDevice{Kind: kind, Name: e, Path: DevDir + "/" + e}
+			cd := CharDevice{Kind: kind, Name: e, Path: path}
 			if kind != KindUverbs {
 				if len(d.Ports) == 1 {
 					cd.Port = d.Ports[0].Number
@@ -190,7 +205,11 @@ func devicesFrom(dir Attrs, names, verbs, mad []string) ([]Device, error) {
 					cd.Port, _ = strconv.Atoi(string(p))
 				}
 			}
-			if d.CharDevices == nil {
+			switch {
+			case d.CharDevices != nil:
+			case chars != nil:
+				d.CharDevices = chars
+			default:
 				d.CharDevices = make([]CharDevice, 0, 1+2*max(1, len(d.Ports)))
 			}
 			d.CharDevices = append(d.CharDevices, cd)
@@ -222,27 +241,49 @@ func sortCharDevices(c []CharDevice) {
 	})
 }
 
-// readPorts reads the ports of dev (a path below dir). Ports of a channel
-// adapter are numbered from 1: reading 1, 2, … until one is missing saves
-// listing the directory; known > 0 is the number of ports when the caller
-// knows it, and saves the probe past the last.
-func readPorts(dir Attrs, dev string, known int) ([]Port, error) {
-	var ports []Port
-	if known > 0 {
+// oneDevice is the RDMA device of a function with one device, one port
+// and up to three char devices, in one allocation.
+type oneDevice struct {
+	dev   [1]Device
+	ports [1]Port
+	chars [3]CharDevice
+}
+
+// charPaths is DevDir/<name> for every name in lists, in order, in one
+// string.
+func charPaths(lists ...[]string) string {
+	n := 0
+	for _, l := range lists {
+		for _, e := range l {
+			n += len(DevDir) + 1 + len(e)
+		}
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, l := range lists {
+		for _, e := range l {
+			b.WriteString(DevDir)
+			b.WriteByte('/')
+			b.WriteString(e)
+		}
+	}
+	return b.String()
+}
+
+// readPorts reads the ports of the RDMA device dev (below dir's
+// infiniband directory) into ports. Ports of a channel adapter are
+// numbered from 1: reading 1, 2, … until one is missing saves listing the
+// directory; known > 0 is the number of ports when the caller knows it,
+// and saves the probe past the last.
+func readPorts(dir Attrs, dev string, known int, ports []Port) ([]Port, error) {
+	if ports == nil && known > 0 {
 		ports = make([]Port, 0, known)
 	}
-	// "<dev>/ports/<n>/link_layer", made once per port.
-	var buf [128]byte
-	name := buf[:0]
 	for n := 1; known <= 0 || n <= known; n++ {
-		name = append(name[:0], dev...)
-		name = append(name, "/ports/"...)
-		name = strconv.AppendInt(name, int64(n), 10)
-		name = append(name, "/link_layer"...)
 		// Read, not ReadTo: a buffer passed through the Attrs interface
 		// escapes, Read's stays on its stack and only the value is
-		// copied out.
-		ll, err := dir.Read(string(name))
+		// copied out. The name is made in one piece (it escapes too).
+		ll, err := dir.Read("infiniband/" + dev + "/ports/" + strconv.Itoa(n) + "/link_layer")
 		if errors.Is(err, fs.ErrNotExist) {
 			return ports, nil
 		}

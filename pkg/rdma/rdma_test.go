@@ -151,6 +151,25 @@ func TestDevicesPorts(t *testing.T) {
 	}, devs[0].CharDevices)
 	require.Equal(t, []rdma.CharDevice{{Kind: "uverbs", Name: "uverbs0", Path: "/dev/infiniband/uverbs0"}}, devs[1].CharDevices)
 
+	// Entries that are no char device of a kind, listed before those
+	// that are, are skipped: the paths stay each device's own.
+	dir = fn(t, map[string]string{
+		"infiniband/mlx5_7/ports/1/link_layer": "InfiniBand",
+		"infiniband_verbs/abi_version":         "6",
+		"infiniband_verbs/uverbs7/ibdev":       "mlx5_7",
+		"infiniband_mad/abi_version":           "5",
+		"infiniband_mad/issm7/port":            "1",
+		"infiniband_mad/umad7/port":            "1",
+	})
+	devs, err = r.DevicesAt(dir)
+	require.NoError(t, err)
+	require.Len(t, devs, 1)
+	require.Equal(t, []rdma.CharDevice{
+		{Kind: "uverbs", Name: "uverbs7", Path: "/dev/infiniband/uverbs7"},
+		{Kind: "umad", Name: "umad7", Path: "/dev/infiniband/umad7", Port: 1},
+		{Kind: "issm", Name: "issm7", Path: "/dev/infiniband/issm7", Port: 1},
+	}, devs[0].CharDevices)
+
 	// A link_layer that cannot be read is an error naming it.
 	dir = fn(t, map[string]string{"infiniband/mlx5_0/ports/1/link_layer/x": ""})
 	_, err = r.DevicesAt(dir)
