@@ -1,6 +1,7 @@
 package pci
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,7 +28,11 @@ func TestOwnerOf(t *testing.T) {
 		{"../class/../../devices/pci0000:15/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
 	}
 	for _, tt := range tests {
-		require.Equal(t, tt.want, string(ownerOf([]byte(tt.target), tt.sub, tt.name)), tt.target)
+		k, ok := ownerOf([]byte(tt.target), tt.sub, tt.name)
+		require.Equal(t, tt.want != "", ok, tt.target)
+		if ok {
+			require.Equal(t, tt.want, k.String(), tt.target)
+		}
 	}
 }
 
@@ -107,10 +112,36 @@ func TestClassReaderSharing(t *testing.T) {
 func asMap(links ClassLinks) map[string][]string {
 	m := map[string][]string{}
 	for i, o := range links.owners {
-		if i > 0 && string(links.owners[i-1][:]) >= string(o[:]) {
-			panic("owners out of order at " + string(o[:]))
+		if i > 0 && links.owners[i-1] >= o {
+			panic("owners out of order at " + o.String())
 		}
-		m[string(o[:])] = links.names(i)
+		m[o.String()] = links.names(i)
 	}
 	return m
+}
+
+// String is the address k is the key of.
+func (k ownerKey) String() string {
+	return fmt.Sprintf("%04x:%02x:%02x.%x", uint64(k)>>20&0xffff, uint64(k)>>12&0xff, uint64(k)>>4&0xff, uint64(k)&0xf)
+}
+
+// Keys order as their addresses do, and every valid address has one.
+func TestKeyOf(t *testing.T) {
+	addrs := []string{"0000:00:00.0", "0000:00:00.7", "0000:00:01.0", "0000:00:1f.7", "0000:01:00.0", "0000:18:00.1",
+		"0000:a0:00.0", "0000:ff:1f.7", "0001:00:00.0", "00ab:3b:02.3", "ffff:ff:1f.7"}
+	var prev ownerKey
+	for i, a := range addrs {
+		k, ok := keyOf(a)
+		require.True(t, ok, a)
+		require.Equal(t, a, k.String())
+		require.NotZero(t, k, a)
+		if i > 0 {
+			require.Less(t, prev, k, "%s after %s", a, addrs[i-1])
+		}
+		prev = k
+	}
+	for _, a := range []string{"", "0000:18:00.8", "0000:18:20.0", "0000:1G:00.1", "0000:AB:00.1", "0000:18:00.1\n", "0000-18:00.1"} {
+		_, ok := keyOf(a)
+		require.False(t, ok, a)
+	}
 }
