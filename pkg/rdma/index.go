@@ -41,7 +41,7 @@ func (idx *ScanIndex) Read(r *Reader, workers int) error {
 	})
 	var names []string
 	names, errs[3] = listDir(filepath.Join(r.root, DevDir), &idx.nodesList)
-	idx.nodes = DevNodes(names)
+	idx.nodes = newDevNodes(names, idx.nodes.keys)
 	wg.Wait()
 	return errors.Join(errs[:]...)
 }

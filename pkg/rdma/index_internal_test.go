@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -47,4 +48,26 @@ func TestDevicesFromOneDeviceAllocations(t *testing.T) {
 		}
 	})
 	require.LessOrEqual(t, allocs, 3.0)
+}
+
+func TestDevNodesHas(t *testing.T) {
+	names := []string{"issm3", "rdma_cm", "umad3", "umad10", "uverbs01", "uverbs1234567890", "uverbs2", "uverbs7"}
+	slices.Sort(names)
+	nodes := newDevNodes(names, nil)
+	for name, want := range map[string]bool{
+		"uverbs2": true, "uverbs7": true, "umad3": true, "umad10": true, "issm3": true, "rdma_cm": true,
+		"uverbs01": true, "uverbs1234567890": true,
+		"uverbs1": false, "uverbs3": false, "umad2": false, "issm10": false, "umad1": false, "uverbs02": false,
+		"uverbs123456789": false, "abi_version": false, "": false,
+	} {
+		require.Equal(t, want, nodes.Has(DevDir+"/"+name), name)
+	}
+	require.False(t, nodes.Has("uverbs2"), "a host path, not a name")
+	require.Equal(t, len(names), nodes.Len())
+	// Keys are distinct per kind and order as their numbers.
+	a, _ := charKey("umad9")
+	b, _ := charKey("umad10")
+	c, _ := charKey("issm9")
+	require.Less(t, a, b)
+	require.NotEqual(t, a, c)
 }

@@ -309,8 +309,56 @@ func linkLayer(b []byte) string {
 
 // DevNodes is the set of char devices present in <root>/dev/infiniband:
 // their names, sorted (a listing of the directory, searched rather than
-// copied into a map: a node of a thousand VFs has three thousand).
-type DevNodes []string
+// copied into a map: a node of a thousand VFs has three thousand), and
+// the names of a kind and a number ("uverbs14") again as sorted integer
+// keys (charKey). A node scan asks for every VF's three char devices one
+// after the other, and an integer search inlines its compares where a
+// string search makes a call per step.
+type DevNodes struct {
+	names []string
+	keys  []uint64
+}
+
+// newDevNodes is the set of names (sorted), with its keys in keys' memory.
+func newDevNodes(names []string, keys []uint64) DevNodes {
+	keys = keys[:0]
+	for _, n := range names {
+		if k, ok := charKey(n); ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return DevNodes{names: names, keys: keys}
+}
+
+// charKey is a char device name of a kind and a number as one integer:
+// the kind (1, 2, 3 for uverbs, umad, issm) above the number. false for
+// another name, and for a number with a leading zero or of more than
+// nine digits, which only the names search.
+func charKey(name string) (uint64, bool) {
+	kind, ok := charKind(name)
+	if !ok {
+		return 0, false
+	}
+	digits := name[len(kind):]
+	if len(digits) > 9 || len(digits) > 1 && digits[0] == '0' {
+		return 0, false
+	}
+	var k uint64
+	switch kind {
+	case KindUverbs:
+		k = 1
+	case KindUmad:
+		k = 2
+	default:
+		k = 3
+	}
+	n := uint64(0)
+	for i := 0; i < len(digits); i++ {
+		n = n*10 + uint64(digits[i]-'0')
+	}
+	return k<<32 | n, true
+}
 
 // Has reports whether the device at host path ("/dev/infiniband/uverbs14")
 // is present.
@@ -319,18 +367,25 @@ func (n DevNodes) Has(path string) bool {
 	if !ok {
 		return false
 	}
-	_, ok = slices.BinarySearch(n, name)
+	if k, ok := charKey(name); ok {
+		_, ok = slices.BinarySearch(n.keys, k)
+		return ok
+	}
+	_, ok = slices.BinarySearch(n.names, name)
 	return ok
 }
+
+// Len is how many char devices there are.
+func (n DevNodes) Len() int { return len(n.names) }
 
 // DevNodes lists the char devices present in <root>/dev/infiniband. A
 // missing directory is an empty set: the RDMA modules are not loaded.
 func (r *Reader) DevNodes() (DevNodes, error) {
 	names, err := listDir(filepath.Join(r.root, DevDir), nil)
 	if err != nil {
-		return nil, err
+		return DevNodes{}, err
 	}
-	return DevNodes(names), nil
+	return newDevNodes(names, nil), nil
 }
 
 // listDir lists a directory, sorted, into l (nil: into a new slice); a
