@@ -72,23 +72,27 @@ func (c ClassLinks) find(addr string) (int, bool) {
 }
 
 // ownerKey is a PCI address as a number that orders as the address does:
-// its nine hex digits (domain, bus, device, function), with bit 40 set so
-// that 0 is no owner. A scan looks owners up thousands of times; integer
+// its nine hex digits (domain, bus, device, function) below a 1 (bit 36),
+// so that 0 is no owner. A scan looks owners up thousands of times; integer
 // compares inline where bytes.Compare is a call per step.
 type ownerKey uint64
 
-// keyOf returns the key of addr; false when it is not a PCI address.
+// keyOf returns the key of addr; false when it is not a PCI address
+// (ValidAddress), which it checks in the same pass.
 func keyOf(addr string) (ownerKey, bool) {
-	if !ValidAddress(addr) {
+	if len(addr) != 12 || addr[4] != ':' || addr[7] != ':' || addr[10] != '.' || addr[8] > '1' || addr[11] > '7' {
 		return 0, false
 	}
 	k := uint64(1)
 	for i := 0; i < len(addr); i++ {
 		switch c := addr[i]; {
-		case c >= 'a':
-			k = k<<4 | uint64(c-'a'+10)
-		case c >= '0' && c <= '9':
+		case i == 4 || i == 7 || i == 10:
+		case '0' <= c && c <= '9':
 			k = k<<4 | uint64(c-'0')
+		case 'a' <= c && c <= 'f':
+			k = k<<4 | uint64(c-'a'+10)
+		default:
+			return 0, false
 		}
 	}
 	return ownerKey(k), true

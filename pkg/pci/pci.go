@@ -82,21 +82,9 @@ var ErrNotFound = errors.New("no such PCI function")
 // lower-case hex, the only form sysfs uses. It never touches the filesystem,
 // so callers can check untrusted input before building a path from it.
 func ValidAddress(s string) bool {
-	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		switch i {
-		case 4, 7, 10:
-			continue
-		}
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	// Device 00-1f (its first digit 0 or 1), function 0-7: a scan checks
-	// every bus and class entry, so no ParseUint.
-	return s[8] <= '1' && s[11] <= '7'
+	// Device 00-1f, function 0-7; keyOf checks it as it reads it.
+	_, ok := keyOf(s)
+	return ok
 }
 
 // Scanner reads PCI functions under a root.
