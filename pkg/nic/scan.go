@@ -127,7 +127,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	}
 	var class map[string][]rdma.CharDevice
 	hasRDMA := false
-	lastPF := -1 // the last VF's PF: a PF's VFs mostly follow one another
+	lastPF := -1 // the last VF's PF, where FindNear looks first
 	for i := range fns {
 		f := &fns[i]
 		if !f.IsNIC() {
@@ -136,13 +136,7 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		var pf *pci.Function
 		vfIndex := -1
 		if f.IsVF() {
-			if lastPF < 0 || fns[lastPF].Address != f.PhysFn {
-				var ok bool
-				if lastPF, ok = pci.Find(fns, f.PhysFn); !ok {
-					lastPF = -1
-				}
-			}
-			if lastPF >= 0 {
+			if lastPF = pci.FindNear(fns, f.PhysFn, lastPF); lastPF >= 0 {
 				pf = &fns[lastPF]
 				vfIndex = read[lastPF].vfIndex(f.Address)
 			}

@@ -158,7 +158,7 @@ func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 	clear(fns[n:])
 	clear(vals[n:])
 	out, vals := fns[:n], vals[:n]
-	pf := -1 // the last VF's PF: a PF's VFs mostly follow one another
+	pf := -1 // the last VF's PF, where FindNear looks first
 	for i := range out {
 		f := &out[i]
 		if f.numaRead {
@@ -166,12 +166,7 @@ func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 		}
 		// A VF: the kernel puts it on its PF's bus, and so on its PF's
 		// node.
-		if pf < 0 || out[pf].Address != f.PhysFn {
-			var ok bool
-			if pf, ok = Find(out, f.PhysFn); !ok {
-				pf = -1
-			}
-		}
+		pf = FindNear(out, f.PhysFn, pf)
 		if pf >= 0 && out[pf].NUMANode >= 0 {
 			f.NUMANode = out[pf].NUMANode
 			continue
@@ -189,6 +184,19 @@ func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 // address (as Scan returns them), or false.
 func Find(fns []Function, addr string) (int, bool) {
 	return slices.BinarySearchFunc(fns, addr, func(f Function, addr string) int { return strings.Compare(f.Address, addr) })
+}
+
+// FindNear is Find trying fns[near] first, and -1 when addr is not in
+// fns: a scan asks for each VF's PF in address order, and a PF's VFs
+// mostly follow one another, so near is the last answer.
+func FindNear(fns []Function, addr string, near int) int {
+	if near >= 0 && near < len(fns) && fns[near].Address == addr {
+		return near
+	}
+	if i, ok := Find(fns, addr); ok {
+		return i
+	}
+	return -1
 }
 
 // busLinkPrefix is how every entry of <sys>/bus/pci/devices points into
