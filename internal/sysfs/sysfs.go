@@ -12,7 +12,6 @@ package sysfs
 import (
 	"bytes"
 	"path/filepath"
-	"slices"
 )
 
 // Dir is an open directory (O_PATH) that names below it are resolved
@@ -130,7 +129,7 @@ func (l *Listing) List(d Dir, name string) ([]string, error) {
 	if !same || !l.sortedOK {
 		clear(l.sorted)
 		l.sorted = append(l.sorted[:0], raw...)
-		slices.Sort(l.sorted)
+		sortNames(l.sorted)
 		l.sortedOK = true
 	}
 	return l.sorted, nil

@@ -166,7 +166,7 @@ func (d Dir) List(name string) ([]string, error) {
 		return nil, err
 	}
 	names := slices.Clone(raw)
-	slices.Sort(names)
+	sortNames(names)
 	return names, nil
 }
 

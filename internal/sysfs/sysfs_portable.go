@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 )
@@ -116,7 +115,7 @@ func (d Dir) List(name string) ([]string, error) {
 	if err != nil || len(names) == 0 {
 		return nil, err
 	}
-	slices.Sort(names)
+	sortNames(names)
 	return names, nil
 }
 
