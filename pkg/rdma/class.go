@@ -42,7 +42,7 @@ func classCharDevices(path string, out map[string][]CharDevice) error {
 		return err
 	}
 	for _, e := range names {
-		kind, ok := charKind(e)
+		kind, ok := CharKind(e)
 		if !ok {
 			continue
 		}

@@ -50,9 +50,10 @@ func (idx *ScanIndex) Read(r *Reader, workers int) error {
 // was read (see Reader.DevNodes).
 func (idx *ScanIndex) Nodes() DevNodes { return idx.nodes }
 
-// charKind returns the kind of a char device name ("uverbs14" is
-// KindUverbs); false for a name that is not a kind and a number.
-func charKind(name string) (string, bool) {
+// CharKind returns the kind of a char device name ("uverbs14" is
+// KindUverbs); false for a name that is not a kind and a number
+// ("abi_version", "rdma_cm", a bare "uverbs").
+func CharKind(name string) (string, bool) {
 	// By hand, not strings.TrimRight with a cutset: that builds its set
 	// on every call, and a node scan asks for thousands of names.
 	i := len(name)
@@ -69,7 +70,7 @@ func charKind(name string) (string, bool) {
 // umadOfIssm names the umadN of an issmN: ib_umad registers both for one
 // port, with one device number and the same parent.
 func umadOfIssm(name string) string {
-	if kind, ok := charKind(name); ok && kind == KindIssm {
+	if kind, ok := CharKind(name); ok && kind == KindIssm {
 		return KindUmad + name[len(KindIssm):]
 	}
 	return ""

@@ -12,7 +12,7 @@ func TestCharKind(t *testing.T) {
 		"uverbs0": KindUverbs, "uverbs1023": KindUverbs, "umad7": KindUmad, "issm12": KindIssm,
 		"uverbs": "", "umad": "", "rdma_cm": "", "uverbs1a": "", "xuverbs1": "", "1": "", "": "", "verbs3": "",
 	} {
-		kind, ok := charKind(name)
+		kind, ok := CharKind(name)
 		require.Equal(t, want != "", ok, name)
 		require.Equal(t, want, kind, name)
 	}

@@ -146,7 +146,7 @@ func devicesFrom(dir Attrs, names, verbs, mad []string) ([]Device, error) {
 	nports := 0
 	if single {
 		for _, e := range mad {
-			if kind, ok := charKind(e); ok && kind == KindUmad {
+			if kind, ok := CharKind(e); ok && kind == KindUmad {
 				nports++
 			}
 		}
@@ -181,7 +181,7 @@ func devicesFrom(dir Attrs, names, verbs, mad []string) ([]Device, error) {
 		for _, e := range class.entries {
 			path := paths[off : off+len(DevDir)+1+len(e)]
 			off += len(path)
-			kind, ok := charKind(e)
+			kind, ok := CharKind(e)
 			if !ok {
 				continue
 			}
@@ -336,7 +336,7 @@ func newDevNodes(names []string, keys []uint64) DevNodes {
 // another name, and for a number with a leading zero or of more than
 // nine digits, which only the names search.
 func charKey(name string) (uint64, bool) {
-	kind, ok := charKind(name)
+	kind, ok := CharKind(name)
 	if !ok {
 		return 0, false
 	}

@@ -100,9 +100,7 @@ func checkDevNodes(root string) error {
 		}
 		for _, e := range ents {
 			name := e.Name()
-			switch strings.TrimRight(name, "0123456789") {
-			case rdma.KindUverbs, rdma.KindUmad, rdma.KindIssm:
-			default:
+			if _, ok := rdma.CharKind(name); !ok {
 				continue // abi_version
 			}
 			if !nodes.Has(rdma.DevDir + "/" + name) {
