@@ -100,6 +100,9 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 }
 
 func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
+	// No collection until the pools are registered (startgc.go).
+	collect := deferCollection()
+	defer collect()
 	// The metrics listener is opened beside the first scan: a process's
 	// first listen reads /proc/sys/net/core/somaxconn, which some kernels
 	// take milliseconds to open, and the plugin's own sockets wait for it.
@@ -165,7 +168,10 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	opts.Scan = scan
 	opts.Metrics = metrics
 	opts.PodResources = held
-	opts.ReleaseMemory = debug.FreeOSMemory
+	opts.ReleaseMemory = func() {
+		collect()
+		debug.FreeOSMemory()
+	}
 	opts.Serves = servedByDevicePlugin
 	opts.Links = &plugin.NetlinkLinks{OnError: func(err error) {
 		log.Warn("netlink link subscription failed; health follows periodic rescans only", "err", err)
