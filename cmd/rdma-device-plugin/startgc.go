@@ -32,20 +32,38 @@ var startCollectionBound = 5 * time.Second
 // deferCollection turns the garbage collector off for a start, under
 // startMemoryLimit, and returns the function that turns it back on as it
 // was: once, whichever comes first of a call and startCollectionBound. A
-// GOGC or GOMEMLIMIT the user set is theirs: then it changes nothing.
+// GOGC or GOMEMLIMIT the user set is theirs: then it changes nothing. So
+// does a call while an earlier one's collection is still off (two serves
+// in one process, as a test may run them), whose settings would be that
+// earlier call's.
 func deferCollection() (restore func()) {
 	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" {
 		return func() {}
 	}
+	deferred.Lock()
+	defer deferred.Unlock()
+	if deferred.on {
+		return func() {}
+	}
+	deferred.on = true
 	limit := debug.SetMemoryLimit(startMemoryLimit)
 	percent := debug.SetGCPercent(-1)
 	on := sync.OnceFunc(func() {
+		deferred.Lock()
+		defer deferred.Unlock()
 		debug.SetGCPercent(percent)
 		debug.SetMemoryLimit(limit)
+		deferred.on = false
 	})
 	timer := time.AfterFunc(startCollectionBound, on)
 	return func() {
 		timer.Stop()
 		on()
 	}
+}
+
+// deferred says whether a start's collection is off now.
+var deferred struct {
+	sync.Mutex
+	on bool
 }

@@ -42,6 +42,17 @@ func TestDeferCollection(t *testing.T) {
 	require.Equal(t, 150, gcPercent())
 	debug.SetGCPercent(percent)
 
+	// A second start while the first's collection is off changes
+	// nothing: the first's release puts back what was there before
+	// both, and the second's, later, does not turn it off again.
+	first := deferCollection()
+	second := deferCollection()
+	require.Equal(t, -1, gcPercent())
+	first()
+	second()
+	require.Equal(t, percent, gcPercent())
+	require.Equal(t, limit, memoryLimit())
+
 	// No release: the bound turns it back on.
 	old := startCollectionBound
 	startCollectionBound = 20 * time.Millisecond
