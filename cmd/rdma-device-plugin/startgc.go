@@ -26,7 +26,10 @@ const (
 )
 
 // startCollectionBound is the longest the collection stays off when no
-// release comes (a kubelet that is not up yet). A variable for the tests.
+// release comes. The first release follows the first registration round
+// (at most 2 s after it, whether the kubelet answered or not), so this
+// is a backstop for a start that takes far longer than it should. A
+// variable for the tests.
 var startCollectionBound = 5 * time.Second
 
 // deferCollection turns the garbage collector off for a start, under
