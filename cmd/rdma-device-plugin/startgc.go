@@ -9,13 +9,13 @@ import (
 
 // A start's heap is mostly what the daemon keeps: its scan, its pools and
 // their servers. On the 1024-VF host it allocates about 4 MB before it
-// registers, and the collection the runtime makes at its 4 MB minimum
-// finds half of it live, for about a millisecond of a 17 ms start on two
-// CPUs (BenchmarkDaemonStart with GOGC=200, which puts that collection
-// past the registration: p50 0.5–2.7 ms lower in four runs of 30 starts).
-// The first memory release after registration (plugin.Options.
-// ReleaseMemory, after the Allocates that follow a registration pause)
-// collects anyway.
+// registers, and the collection the runtime made at its 4 MB minimum, in
+// the middle of the start, found half of it live. Without it the start
+// takes about 230 fewer page faults and 0.07–0.12 less of its ratio to
+// floor+list (BenchmarkDaemonStart/host=vfs1024, five pairs of runs; see
+// docs/performance-ratios.md, round 7). The first memory release after
+// registration (plugin.Options.ReleaseMemory, which waits for a pause in
+// the Allocates that follow a registration, 2 s at most) collects anyway.
 const (
 	// startMemoryLimit bounds the Go memory of a start whose collection
 	// is put off: past it the runtime collects as it would with a limit
