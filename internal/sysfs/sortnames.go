@@ -8,8 +8,9 @@ package sysfs
 // whole strings per step, through a call, from their first byte. A
 // multikey quicksort (Bentley and Sedgewick, "Fast algorithms for sorting
 // and searching strings", 1997) partitions on one byte at a time and never
-// looks at a shared prefix again: it sorted a 1024-VF host's six listings
-// in about half slices.Sort's time, in place, with no allocation.
+// looks at a shared prefix again: it sorts a 1024-VF host's six listings
+// in about 0.7 of slices.Sort's time (BenchmarkSortNames), in place, with
+// no allocation.
 func sortNames(names []string) {
 	multikey(names, 0)
 }
