@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -97,4 +98,21 @@ func BenchmarkSortNames(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzSortNames holds sortNames to slices.Sort on any list of names: the
+// input split at newlines (a directory's names hold none).
+func FuzzSortNames(f *testing.F) {
+	f.Add("uverbs10\nuverbs1\numad0\nissm0\nuverbs\nrdma_cm\nuverbs10")
+	f.Add("0000:18:00.1\n0000:18:00.0\n0000:3b:0f.7\n0000:18:00.1")
+	f.Add(strings.Repeat("mlx5_\n", 40) + "\xff\n\x00\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		names := strings.Split(in, "\n")
+		want := slices.Clone(names)
+		slices.Sort(want)
+		sortNames(names)
+		if !slices.Equal(want, names) {
+			t.Fatalf("sortNames(%q) = %q, want %q", in, names, want)
+		}
+	})
 }
