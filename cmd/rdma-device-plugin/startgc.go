@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"os"
+	"path"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -21,7 +24,8 @@ const (
 	// is put off: past it the runtime collects as it would with a limit
 	// set, so a start that allocates more than a large host's (or waits
 	// long for its kubelet while rescans run) does not grow unbounded.
-	// The DaemonSet's container limit is 256 MiB.
+	// The DaemonSet's container limit is 256 MiB; under a container
+	// limit below twice this, half the container's (startLimit).
 	startMemoryLimit = 32 << 20
 )
 
@@ -49,7 +53,7 @@ func deferCollection() (restore func()) {
 		return func() {}
 	}
 	deferred.on = true
-	limit := debug.SetMemoryLimit(startMemoryLimit)
+	limit := debug.SetMemoryLimit(startLimit(os.ReadFile))
 	percent := debug.SetGCPercent(-1)
 	on := sync.OnceFunc(func() {
 		deferred.Lock()
@@ -69,4 +73,57 @@ func deferCollection() (restore func()) {
 var deferred struct {
 	sync.Mutex
 	on bool
+}
+
+// startLimit is startMemoryLimit, or half the memory limit of the
+// process's cgroup when that is lower: a container given less memory
+// than the DaemonSet's must not be killed for a collection put off.
+func startLimit(readFile func(string) ([]byte, error)) int64 {
+	if l, ok := cgroupMemoryLimit(readFile); ok && l/2 < startMemoryLimit {
+		return l / 2
+	}
+	return startMemoryLimit
+}
+
+// cgroupMemoryLimit reads the memory limit of the process's cgroup:
+// memory.limit_in_bytes of its cgroup v1 memory controller, or
+// memory.max of its cgroup v2 group, at its path in /proc/self/cgroup
+// or, where that path is not visible (a container that sees its own
+// group at the mount's root), at the root. False when there is none
+// ("max", v1's page-rounded maximum) or none can be read.
+func cgroupMemoryLimit(readFile func(string) ([]byte, error)) (int64, bool) {
+	b, err := readFile("/proc/self/cgroup")
+	if err != nil {
+		return 0, false
+	}
+	var files [][2]string // a group's limit file, and the root's
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		// hierarchy-ID:controller-list:cgroup-path
+		f := bytes.SplitN(line, []byte(":"), 3)
+		if len(f) != 3 {
+			continue
+		}
+		switch group := string(f[2]); {
+		case string(f[0]) == "0" && len(f[1]) == 0:
+			files = append(files, [2]string{path.Join("/sys/fs/cgroup", group, "memory.max"), "/sys/fs/cgroup/memory.max"})
+		case bytes.Contains(append(append([]byte(","), f[1]...), ','), []byte(",memory,")):
+			// v1 first: a v2 line beside it holds no memory controller.
+			files = append([][2]string{{path.Join("/sys/fs/cgroup/memory", group, "memory.limit_in_bytes"), "/sys/fs/cgroup/memory/memory.limit_in_bytes"}}, files...)
+		}
+	}
+	for _, f := range files {
+		for _, name := range f {
+			b, err := readFile(name)
+			if err != nil {
+				continue
+			}
+			v := string(bytes.TrimSpace(b))
+			n, err := strconv.ParseInt(v, 10, 64)
+			if v == "max" || err != nil || n <= 0 || n >= 1<<62 {
+				return 0, false
+			}
+			return n, true
+		}
+	}
+	return 0, false
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io/fs"
+	"os"
 	"runtime/debug"
 	"runtime/metrics"
 	"testing"
@@ -32,7 +34,7 @@ func TestDeferCollection(t *testing.T) {
 
 	restore := deferCollection()
 	require.Equal(t, -1, gcPercent())
-	require.Equal(t, int64(startMemoryLimit), memoryLimit())
+	require.Equal(t, startLimit(os.ReadFile), memoryLimit())
 	restore()
 	require.Equal(t, percent, gcPercent())
 	require.Equal(t, limit, memoryLimit())
@@ -69,6 +71,50 @@ func TestDeferCollection(t *testing.T) {
 			require.Equal(t, percent, gcPercent())
 			require.Equal(t, limit, memoryLimit())
 			restore()
+		})
+	}
+}
+
+// The start's limit is half the cgroup's memory limit where that is below
+// twice startMemoryLimit, read as cgroup v1 and v2 lay it out, with or
+// without the group's path visible; startMemoryLimit when there is none.
+func TestStartLimit(t *testing.T) {
+	const v1 = "12:pids:/kubepods/pod1/c1\n4:memory:/kubepods/pod1/c1\n1:name=systemd:/kubepods/pod1/c1\n0::/\n"
+	const v2 = "0::/kubepods.slice/pod1/c1\n"
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		want  int64
+	}{
+		{"v1, at the group's path", map[string]string{"/proc/self/cgroup": v1,
+			"/sys/fs/cgroup/memory/kubepods/pod1/c1/memory.limit_in_bytes": "25165824\n"}, 12 << 20},
+		{"v1, the group at the root (a container's view)", map[string]string{"/proc/self/cgroup": v1,
+			"/sys/fs/cgroup/memory/memory.limit_in_bytes": "25165824\n"}, 12 << 20},
+		{"v1, no limit", map[string]string{"/proc/self/cgroup": v1,
+			"/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n"}, startMemoryLimit},
+		{"v2, at the group's path", map[string]string{"/proc/self/cgroup": v2,
+			"/sys/fs/cgroup/kubepods.slice/pod1/c1/memory.max": "16777216\n"}, 8 << 20},
+		{"v2, the group at the root", map[string]string{"/proc/self/cgroup": "0::/\n",
+			"/sys/fs/cgroup/memory.max": "16777216\n"}, 8 << 20},
+		{"v2, max", map[string]string{"/proc/self/cgroup": v2,
+			"/sys/fs/cgroup/kubepods.slice/pod1/c1/memory.max": "max\n"}, startMemoryLimit},
+		{"a limit below twice the start's", map[string]string{"/proc/self/cgroup": v2,
+			"/sys/fs/cgroup/kubepods.slice/pod1/c1/memory.max": "50331648\n"}, 24 << 20},
+		{"a limit above twice the start's", map[string]string{"/proc/self/cgroup": v2,
+			"/sys/fs/cgroup/kubepods.slice/pod1/c1/memory.max": "268435456\n"}, startMemoryLimit},
+		{"garbage", map[string]string{"/proc/self/cgroup": v2,
+			"/sys/fs/cgroup/kubepods.slice/pod1/c1/memory.max": "lots\n"}, startMemoryLimit},
+		{"no memory controller", map[string]string{"/proc/self/cgroup": "3:cpu:/\n"}, startMemoryLimit},
+		{"no /proc", map[string]string{}, startMemoryLimit},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			read := func(name string) ([]byte, error) {
+				if s, ok := tc.files[name]; ok {
+					return []byte(s), nil
+				}
+				return nil, fs.ErrNotExist
+			}
+			require.Equal(t, tc.want, startLimit(read))
 		})
 	}
 }
