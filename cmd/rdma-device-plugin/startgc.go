@@ -1,11 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"path"
 	"runtime/debug"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -96,34 +97,41 @@ func cgroupMemoryLimit(readFile func(string) ([]byte, error)) (int64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	var files [][2]string // a group's limit file, and the root's
-	for _, line := range bytes.Split(b, []byte("\n")) {
+	// The group's path in the v1 memory hierarchy and in the v2 one.
+	var v1, v2 string
+	var inV1, inV2 bool
+	for _, line := range strings.Split(string(b), "\n") {
 		// hierarchy-ID:controller-list:cgroup-path
-		f := bytes.SplitN(line, []byte(":"), 3)
-		if len(f) != 3 {
-			continue
-		}
-		switch group := string(f[2]); {
-		case string(f[0]) == "0" && len(f[1]) == 0:
-			files = append(files, [2]string{path.Join("/sys/fs/cgroup", group, "memory.max"), "/sys/fs/cgroup/memory.max"})
-		case bytes.Contains(append(append([]byte(","), f[1]...), ','), []byte(",memory,")):
-			// v1 first: a v2 line beside it holds no memory controller.
-			files = append([][2]string{{path.Join("/sys/fs/cgroup/memory", group, "memory.limit_in_bytes"), "/sys/fs/cgroup/memory/memory.limit_in_bytes"}}, files...)
+		id, rest, _ := strings.Cut(line, ":")
+		controllers, group, ok := strings.Cut(rest, ":")
+		switch {
+		case !ok:
+		case id == "0" && controllers == "":
+			v2, inV2 = group, true
+		case slices.Contains(strings.Split(controllers, ","), "memory"):
+			v1, inV1 = group, true
 		}
 	}
-	for _, f := range files {
-		for _, name := range f {
-			b, err := readFile(name)
-			if err != nil {
-				continue
-			}
-			v := string(bytes.TrimSpace(b))
-			n, err := strconv.ParseInt(v, 10, 64)
-			if v == "max" || err != nil || n <= 0 || n >= 1<<62 {
-				return 0, false
-			}
-			return n, true
+	// Each the group's limit file, then the root's; v1 first, where the
+	// memory controller is, and a v2 line beside it has none.
+	var files []string
+	if inV1 {
+		files = append(files, path.Join("/sys/fs/cgroup/memory", v1, "memory.limit_in_bytes"), "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+	}
+	if inV2 {
+		files = append(files, path.Join("/sys/fs/cgroup", v2, "memory.max"), "/sys/fs/cgroup/memory.max")
+	}
+	for _, name := range files {
+		b, err := readFile(name)
+		if err != nil {
+			continue
 		}
+		v := strings.TrimSpace(string(b))
+		n, err := strconv.ParseInt(v, 10, 64)
+		if v == "max" || err != nil || n <= 0 || n >= 1<<62 {
+			return 0, false
+		}
+		return n, true
 	}
 	return 0, false
 }
