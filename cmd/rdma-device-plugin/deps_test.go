@@ -2,6 +2,7 @@ package main
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,4 +22,39 @@ func TestLeanBuildDeps(t *testing.T) {
 			require.False(t, strings.HasPrefix(pkg, heavy), "the lean build links %s", pkg)
 		}
 	}
+}
+
+// BenchmarkDaemonRSSDRA's floor is regfloor as the DRA build is built: it
+// links the kubelet plugin library and client-go's clientset, as
+// rdma-device-plugin-dra does, and the lean regfloor (BenchmarkDaemonStart's,
+// BenchmarkDaemonRSS's) links neither.
+func TestRegFloorDeps(t *testing.T) {
+	draLibs := []string{"k8s.io/dynamic-resource-allocation/kubeletplugin", "k8s.io/client-go/kubernetes"}
+	for _, tc := range []struct {
+		pkg, tags string
+		want      bool
+	}{
+		{regfloorPkg, "grpcnotrace", true},
+		{".", "grpcnotrace", true},
+		{regfloorPkg, "nodra,grpcnotrace", false},
+	} {
+		out, err := exec.Command("go", "list", "-tags", tc.tags, "-deps", tc.pkg).Output()
+		require.NoError(t, err)
+		deps := strings.Fields(string(out))
+		for _, lib := range draLibs {
+			require.Equal(t, tc.want, slices.Contains(deps, lib), "%s -tags %s links %s", tc.pkg, tc.tags, lib)
+		}
+	}
+}
+
+// regfloor -dra, the path that keeps the library's Start linked in, needs
+// a cluster: outside one it ends with the client's error before it serves.
+func TestRegFloorDRAOutsideCluster(t *testing.T) {
+	cmd := exec.Command(regfloorDRABinary(t), "-dra", "floor.example.com", t.TempDir(), "example.com/floor")
+	cmd.Env = []string{"NODE_NAME=node-a"}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "output: %s", out)
+	require.Equal(t, 1, exit.ExitCode())
+	require.Contains(t, string(out), "regfloor: unable to load in-cluster configuration")
 }

@@ -59,6 +59,13 @@ func regfloorBinary(t testing.TB) string {
 	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "nodra,grpcnotrace", Release: true}, regfloorPkg), "regfloor")
 }
 
+// regfloorDRABinary is test/regfloor built as rdma-device-plugin-dra is:
+// the DRA kubelet plugin library linked in.
+func regfloorDRABinary(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "grpcnotrace", Release: true}, regfloorPkg), "regfloor")
+}
+
 func TestMain(m *testing.M) {
 	code := testnet.Main(m)
 	testbin.Cleanup()

@@ -14,7 +14,11 @@
 // directories (floor.Listings), where a plugin learns the names that -vfs
 // gives.
 //
-//	regfloor [-root DIR -vfs FILE [-list]] <kubelet-dir> <resource>...
+// Built without the nodra tag (dra.go), it also links the DRA kubelet
+// plugin library and client-go, as rdma-device-plugin-dra does:
+// BenchmarkDaemonRSSDRA's floor. -dra starts that plugin too.
+//
+//	regfloor [-root DIR -vfs FILE [-list]] [-dra DRIVER] <kubelet-dir> <resource>...
 package main
 
 import (
@@ -42,6 +46,10 @@ type server struct {
 	pluginapi.UnimplementedDevicePluginServer
 }
 
+// startDRA starts a DRA kubelet plugin for the node if -dra asks for one
+// (dra.go; a build with the nodra tag has neither) and returns its stop.
+var startDRA = func(context.Context, string) (func(), error) { return func() {}, nil }
+
 func main() {
 	root := flag.String("root", "/", "the host root -vfs is read below")
 	vfs := flag.String("vfs", "", "make a discovery floor pass over the VFs in this file first")
@@ -61,7 +69,14 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	if err := run(flag.Arg(0), flag.Args()[1:]); err != nil {
+	stopDRA, err := startDRA(context.Background(), os.Getenv("NODE_NAME"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "regfloor:", err)
+		os.Exit(1)
+	}
+	err = run(flag.Arg(0), flag.Args()[1:])
+	stopDRA()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "regfloor:", err)
 		os.Exit(1)
 	}
