@@ -56,7 +56,7 @@ func main() {
 	list := flag.Bool("list", false, "with -vfs: list the bus and class directories first")
 	flag.Parse()
 	if flag.NArg() < 2 {
-		fmt.Fprintln(os.Stderr, "usage: regfloor [-root DIR -vfs FILE [-list]] <kubelet-dir> <resource>...")
+		fmt.Fprintln(os.Stderr, "usage: regfloor [-root DIR -vfs FILE [-list]] [-dra DRIVER] <kubelet-dir> <resource>...")
 		os.Exit(2)
 	}
 	if *list && *vfs == "" {
