@@ -246,7 +246,10 @@ func TestBinaryConcurrentAdds(t *testing.T) {
 
 // BenchmarkAddDel is one ADD+DEL round trip through libcni with the static
 // IPAM plugin, for this plugin and, interleaved in the same run, for the
-// reference host-device plugin moving the same kind of link.
+// reference host-device plugin moving the same kind of link: its floor.
+// It reports the means of both (µs/op, host-device-µs/op) and their
+// quotient, x-host-device, which make bench's second table holds against
+// its goal (issue 28: ADD+DEL stays ≤ 1.2× host-device).
 func BenchmarkAddDel(b *testing.B) {
 	h := newHost(b)
 	h.standIn("ibp24s0v0")
@@ -275,7 +278,8 @@ func BenchmarkAddDel(b *testing.B) {
 		tOurs += roundTrip(ours)
 		tHD += roundTrip(hd)
 	}
-	b.ReportMetric(float64(tOurs.Microseconds())/float64(b.N), "sriov-µs/op")
+	b.ReportMetric(float64(tOurs.Microseconds())/float64(b.N), "µs/op")
 	b.ReportMetric(float64(tHD.Microseconds())/float64(b.N), "host-device-µs/op")
-	b.ReportMetric(float64(tOurs)/float64(tHD), "sriov/host-device")
+	b.ReportMetric(float64(tOurs)/float64(tHD), "x-host-device")
+	b.ReportMetric(1.2, "goal-x-host-device")
 }
