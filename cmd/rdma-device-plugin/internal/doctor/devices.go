@@ -183,8 +183,7 @@ func extraNodes(present []os.DirEntry, known map[string]bool) []string {
 	var out []string
 	for _, e := range present {
 		n := e.Name()
-		kind := strings.TrimRight(n, "0123456789")
-		if kind == n || known[n] || (kind != rdma.KindUverbs && kind != rdma.KindUmad && kind != rdma.KindIssm) {
+		if _, ok := rdma.CharKind(n); !ok || known[n] {
 			continue
 		}
 		out = append(out, n)
