@@ -61,12 +61,14 @@ func BenchmarkDaemonRSSDRA(b *testing.B) { daemonRSS(b, true) }
 
 func daemonRSS(b *testing.B, dra bool) {
 	host := largeHost(b)
+	floorBin := regfloorBinary(b)
 	if dra {
 		draBinary(b) // built outside the timed part
+		floorBin = regfloorDRABinary(b)
 	} else {
 		binary(b)
 	}
-	fl := startRegFloorWith(b, host, true, dra)
+	fl := startRegFloor(b, floorBin, host, true)
 	fl.registrations(soakPools...)
 	fl.stop()
 	var ours, floor rssPeaks
@@ -170,7 +172,7 @@ func BenchmarkDaemonStart(b *testing.B) {
 			if tc.floorHost {
 				floorHost = host
 			}
-			floor := &starts{d: startRegFloor(b, floorHost, tc.floorHost)}
+			floor := &starts{d: startRegFloor(b, regfloorBinary(b), floorHost, tc.floorHost)}
 			ours := &starts{d: startDaemonWith(b, daemonOpts{host: host, config: config("combined.json"), hostNetns: true})}
 			// regfloor reads no host: beside it, the DGX start is also
 			// held against floorlist on the same host (the least a plugin
@@ -178,7 +180,7 @@ func BenchmarkDaemonStart(b *testing.B) {
 			// 1.15 reading the host alone takes.
 			var more []*starts
 			if !tc.floorHost {
-				more = append(more, &starts{d: startRegFloor(b, host, true)})
+				more = append(more, &starts{d: startRegFloor(b, regfloorBinary(b), host, true)})
 			}
 			ratios := alternate(b, floor, ours, true, more...)
 			ours.lat.Report(b)
@@ -307,22 +309,13 @@ func median(xs []float64) float64 {
 // startRegFloor starts test/regfloor for soakPools against a kubelet
 // stub, as startDaemonWith starts the daemon; with a host, it makes a
 // discovery floor pass over the host's VFs first, after the listings if
-// list.
-func startRegFloor(b *testing.B, host string, list bool) *daemon {
-	b.Helper()
-	return startRegFloorWith(b, host, list, false)
-}
-
-// startRegFloorWith is startRegFloor, of regfloor built with the DRA
-// kubelet plugin library linked in if dra.
-func startRegFloorWith(b *testing.B, host string, list, dra bool) *daemon {
+// list. bin is the regfloor build to start (regfloorBinary,
+// regfloorDRABinary).
+func startRegFloor(b *testing.B, bin, host string, list bool) *daemon {
 	b.Helper()
 	d := &daemon{t: b, dir: filepath.Join(b.TempDir(), "kubelet"), log: &testbin.Output{}}
 	d.startStub()
-	d.argv = []string{regfloorBinary(b)}
-	if dra {
-		d.argv = []string{regfloorDRABinary(b)}
-	}
+	d.argv = []string{bin}
 	if host != "" {
 		snap, err := nic.NewScanner(host).Scan()
 		require.NoError(b, err)

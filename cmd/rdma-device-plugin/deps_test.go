@@ -15,13 +15,19 @@ import (
 // every start (docs/performance-ratios.md), nor the DRA driver's socket
 // for the CNI (internal/netdata).
 func TestLeanBuildDeps(t *testing.T) {
-	deps, err := exec.Command("go", "list", "-tags", "nodra,grpcnotrace", "-deps", ".").Output()
-	require.NoError(t, err)
-	for _, pkg := range strings.Fields(string(deps)) {
+	for _, pkg := range goListDeps(t, "nodra,grpcnotrace", ".") {
 		for _, heavy := range []string{"github.com/prometheus/", "go.yaml.in/yaml/v3", "tags.cncf.io/container-device-interface/pkg/cdi", "github.com/fastpath-k8s/fastpath/internal/netdata"} {
 			require.False(t, strings.HasPrefix(pkg, heavy), "the lean build links %s", pkg)
 		}
 	}
+}
+
+// goListDeps are the packages pkg links when built with tags.
+func goListDeps(t *testing.T, tags, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-tags", tags, "-deps", pkg).Output()
+	require.NoError(t, err)
+	return strings.Fields(string(out))
 }
 
 // BenchmarkDaemonRSSDRA's floor is regfloor as the DRA build is built: it
@@ -38,9 +44,7 @@ func TestRegFloorDeps(t *testing.T) {
 		{".", "grpcnotrace", true},
 		{regfloorPkg, "nodra,grpcnotrace", false},
 	} {
-		out, err := exec.Command("go", "list", "-tags", tc.tags, "-deps", tc.pkg).Output()
-		require.NoError(t, err)
-		deps := strings.Fields(string(out))
+		deps := goListDeps(t, tc.tags, tc.pkg)
 		for _, lib := range draLibs {
 			require.Equal(t, tc.want, slices.Contains(deps, lib), "%s -tags %s links %s", tc.pkg, tc.tags, lib)
 		}
