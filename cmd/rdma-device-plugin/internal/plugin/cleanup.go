@@ -7,7 +7,8 @@ import (
 )
 
 // afterFirstRegistration does what a start puts off until the kubelet
-// knows the pools, so that it does not delay them: each pool's CDI spec
+// knows the pools, so that it does not delay them: the netdev maps link
+// events are checked against (indexNetdevs), each pool's CDI spec
 // (until it is written Allocate returns DeviceSpecs and no CDI names) and
 // the leftovers of a killed run. Giving the first scan's garbage back to
 // the OS waits longer, for a pause in the Allocates (releaseWait): a
@@ -18,6 +19,8 @@ import (
 func (m *Manager) afterFirstRegistration() {
 	m.registeredOnce = true
 	m.registeredAt = time.Now()
+	// What the first apply left: no link event has been read yet.
+	m.indexNetdevs()
 	for r, s := range m.servers {
 		v := s.served()
 		if v.cdi = m.writeCDISpec(r, &v.pool); v.cdi {
