@@ -244,6 +244,7 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 	devSettle.Stop()
 	defer devSettle.Stop()
 
+	devEvents, devErrors := fw.devEvents()
 	for {
 		select {
 		case <-ctx.Done():
@@ -267,6 +268,14 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 			if ok {
 				m.log.Warn("file watch error", "err", err)
 			}
+		case ev := <-devEvents:
+			if fw.classify(ev, m.ownSocket) == devChange {
+				devSettle.Reset(devSettleDelay)
+			}
+		case err := <-devErrors:
+			// Events lost, or the watch failed: look at the devices.
+			m.log.Warn("file watch error", "err", err)
+			devSettle.Reset(devSettleDelay)
 		case ev, ok := <-links:
 			if !ok {
 				links = nil

@@ -19,7 +19,10 @@ import (
 // with the driver (a reload of mlx5_ib / ib_uverbs removes and recreates
 // /dev/infiniband).
 type fileWatch struct {
-	w                     *fsnotify.Watcher
+	w *fsnotify.Watcher
+	// dev watches devDir and ibDir for entries only (see dirWatch); nil
+	// when it could not be set up.
+	dev                   *dirWatch
 	kubeletDir            string
 	configDir, configBase string // "" when the config is not watched
 	devDir, ibDir         string // <host root>/dev and its infiniband/
@@ -64,9 +67,19 @@ func newFileWatch(opts *Options, log *slog.Logger) (*fileWatch, error) {
 	}
 	f.devDir = filepath.Join(opts.HostRoot, "dev")
 	f.ibDir = filepath.Join(opts.HostRoot, rdma.DevDir)
-	if err := w.Add(f.devDir); err != nil {
+	// A second inotify instance: one more of the user's
+	// fs.inotify.max_user_instances, which a busy node may have used up.
+	if f.dev, err = newDirWatch(); err == nil {
+		err = f.dev.add(f.devDir)
+	}
+	if err != nil {
 		log.Warn("RDMA char devices coming and going are noticed at the next periodic rescan only", "dir", f.devDir, "err", err)
 		f.devDir = ""
+		if f.dev != nil {
+			f.dev.close()
+			f.dev = nil
+		}
+		return f, nil
 	}
 	f.watchIB()
 	return f, nil
@@ -74,9 +87,26 @@ func newFileWatch(opts *Options, log *slog.Logger) (*fileWatch, error) {
 
 // watchIB watches <host root>/dev/infiniband when it exists (it comes and
 // goes with the RDMA modules; its parent's watch says when).
-func (f *fileWatch) watchIB() { _ = f.w.Add(f.ibDir) }
+func (f *fileWatch) watchIB() {
+	if f.dev != nil {
+		_ = f.dev.add(f.ibDir)
+	}
+}
 
-func (f *fileWatch) close() { f.w.Close() }
+// devEvents are the dev watch's channels; nil (never ready) without one.
+func (f *fileWatch) devEvents() (<-chan fsnotify.Event, <-chan error) {
+	if f.dev == nil {
+		return nil, nil
+	}
+	return f.dev.events, f.dev.errors
+}
+
+func (f *fileWatch) close() {
+	f.w.Close()
+	if f.dev != nil {
+		f.dev.close()
+	}
+}
 
 // Watch is a Manager's watch of the files it answers (see fileWatch), set
 // up before the config is read and the node first scanned: a change to
