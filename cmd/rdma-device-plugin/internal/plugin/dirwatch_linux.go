@@ -97,13 +97,12 @@ func (w *dirWatch) read() {
 	for {
 		n, err := w.file.Read(buf)
 		if err != nil {
-			if errors.Is(err, os.ErrClosed) {
-				return
+			if !errors.Is(err, os.ErrClosed) {
+				// Not seen: the watch ends, and periodic rescans
+				// are what is left.
+				w.send(fsnotify.Event{}, fmt.Errorf("read inotify: %w; char devices coming and going are noticed at the next periodic rescan only", err))
 			}
-			if !w.send(fsnotify.Event{}, fmt.Errorf("read inotify: %w", err)) {
-				return
-			}
-			continue
+			return
 		}
 		for rest := buf[:n]; len(rest) >= unix.SizeofInotifyEvent; {
 			wd := int(int32(binary.NativeEndian.Uint32(rest[0:])))
