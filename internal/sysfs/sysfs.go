@@ -135,6 +135,22 @@ func (l *Listing) List(d Dir, name string) ([]string, error) {
 	return l.sorted, nil
 }
 
+// Raw is List without the sort: the names in the order the kernel listed
+// them, and whether they are the last listing's, in the same order (the
+// directory is unchanged). For a caller that sorts only what it needs.
+// What it returns belongs to l: valid until l lists again.
+func (l *Listing) Raw(d Dir, name string) ([]string, bool, error) {
+	l.prevRaw, l.raw = l.raw, l.prevRaw
+	clear(l.raw[:cap(l.raw)])
+	raw, same, err := d.listRaw(name, l.raw[:0], l.prevRaw)
+	l.raw = raw
+	l.sortedOK = false
+	if err != nil {
+		return nil, false, err
+	}
+	return raw, same, nil
+}
+
 // reuse hands out the strings of an earlier listing of a directory to a
 // new one. A kernel lists an unchanged directory in the same order each
 // time, so the new listing's names are compared with the earlier ones in

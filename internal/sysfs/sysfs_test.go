@@ -239,3 +239,36 @@ func TestOpenErrors(t *testing.T) {
 	require.ErrorIs(t, err, fs.ErrNotExist)
 	require.ErrorContains(t, err, "missing")
 }
+
+// Raw lists without sorting and says whether the directory is as it
+// was; a List after it sorts what it lists.
+func TestListingRaw(t *testing.T) {
+	root := t.TempDir()
+	for _, n := range []string{"uverbs10", "uverbs2", "umad0", "rdma_cm"} {
+		require.NoError(t, os.WriteFile(filepath.Join(root, n), nil, 0o644))
+	}
+	d, err := Open(root)
+	require.NoError(t, err)
+	defer d.Close()
+	want, err := d.List(".")
+	require.NoError(t, err)
+	var l Listing
+	raw, same, err := l.Raw(d, ".")
+	require.NoError(t, err)
+	require.ElementsMatch(t, want, raw)
+	require.False(t, same, "a first listing")
+	raw, same, err = l.Raw(d, ".")
+	require.NoError(t, err)
+	require.ElementsMatch(t, want, raw)
+	require.True(t, same, "unchanged")
+	require.NoError(t, os.Remove(filepath.Join(root, "umad0")))
+	raw, same, err = l.Raw(d, ".")
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"uverbs10", "uverbs2", "rdma_cm"}, raw)
+	require.False(t, same, "one removed")
+	got, err := l.List(d, ".")
+	require.NoError(t, err)
+	require.Equal(t, []string{"rdma_cm", "uverbs10", "uverbs2"}, got)
+	_, _, err = l.Raw(d, "missing/x")
+	require.NoError(t, err, "a missing directory is empty")
+}

@@ -60,6 +60,21 @@ func TestRescanAfterChanges(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, renamed, d.Netdev)
 
+	// One of its char devices gone and back; then /dev/infiniband gone
+	// (the RDMA modules unloaded) and back with the same names.
+	require.NotEmpty(t, d.CharDevices)
+	node := filepath.Join(host, d.CharDevices[0].Path)
+	away := filepath.Join(host, "away")
+	require.NoError(t, os.Rename(node, away))
+	rescan("a char device gone")
+	require.NoError(t, os.Rename(away, node))
+	rescan("the char device back")
+	ib := filepath.Join(host, "dev", "infiniband")
+	require.NoError(t, os.Rename(ib, away))
+	rescan("/dev/infiniband gone")
+	require.NoError(t, os.Rename(away, ib))
+	rescan("/dev/infiniband back as it was")
+
 	require.NoError(t, fixture.DisableVFs(host, first.Devices[0].PCIAddress))
 	rescan("VFs of the first PF disabled")
 	require.NoError(t, fixture.UnloadModule(host, "ib_umad"))

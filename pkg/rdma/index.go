@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"errors"
+	"io/fs"
 	"path/filepath"
 	"sync"
 
@@ -20,6 +21,8 @@ type ScanIndex struct {
 	nodes               DevNodes
 	readers             [3]pci.ClassReader
 	nodesList           sysfs.Listing
+	// nodesOK says nodes is nodesList's last listing.
+	nodesOK bool
 }
 
 // Read reads idx from r with workers goroutines per class, reusing the
@@ -39,11 +42,39 @@ func (idx *ScanIndex) Read(r *Reader, workers int) error {
 	wg.Go(func() {
 		idx.mad, errs[2] = idx.readers[2].Read(r.sys, "infiniband_mad", "infiniband_mad", workers, umadOfIssm)
 	})
-	var names []string
-	names, errs[3] = listDir(filepath.Join(r.root, DevDir), &idx.nodesList)
-	idx.nodes = newDevNodes(names, idx.nodes.keys)
+	errs[3] = idx.readNodes(filepath.Join(r.root, DevDir))
 	wg.Wait()
 	return errors.Join(errs[:]...)
+}
+
+// readNodes lists dir (<root>/dev/infiniband) into idx.nodes. The
+// listing is not sorted (DevNodes sorts its keys), and an unchanged one
+// keeps the set built from it.
+func (idx *ScanIndex) readNodes(dir string) error {
+	ok := idx.nodesOK
+	idx.nodesOK = false
+	d, err := sysfs.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		// No RDMA modules: none, and not the listing's (which is of the
+		// directory before it went).
+		idx.nodes = newDevNodes(nil, idx.nodes.keys, idx.nodes.others)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	names, same, err := idx.nodesList.Raw(d, ".")
+	if err != nil {
+		return err
+	}
+	if same && ok {
+		idx.nodes.names = names // the same names, in the listing's memory
+	} else {
+		idx.nodes = newDevNodes(names, idx.nodes.keys, idx.nodes.others)
+	}
+	idx.nodesOK = true
+	return nil
 }
 
 // Nodes are the char devices present in <root>/dev/infiniband when idx

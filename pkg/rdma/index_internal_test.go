@@ -1,6 +1,8 @@
 package rdma
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -51,12 +53,12 @@ func TestDevicesFromOneDeviceAllocations(t *testing.T) {
 }
 
 func TestDevNodesHas(t *testing.T) {
-	names := []string{"issm3", "rdma_cm", "umad3", "umad10", "uverbs01", "uverbs1234567890", "uverbs2", "uverbs7"}
-	slices.Sort(names)
-	nodes := newDevNodes(names, nil)
+	// In a listing's order, not sorted.
+	names := []string{"uverbs7", "issm3", "umad10", "uverbs1234567890", "rdma_cm", "umad3", "uverbs01", "abi_versionx", "uverbs2"}
+	nodes := newDevNodes(names, nil, nil)
 	for name, want := range map[string]bool{
 		"uverbs2": true, "uverbs7": true, "umad3": true, "umad10": true, "issm3": true, "rdma_cm": true,
-		"uverbs01": true, "uverbs1234567890": true,
+		"uverbs01": true, "uverbs1234567890": true, "abi_versionx": true,
 		"uverbs1": false, "uverbs3": false, "umad2": false, "issm10": false, "umad1": false, "uverbs02": false,
 		"uverbs123456789": false, "abi_version": false, "": false,
 	} {
@@ -70,4 +72,48 @@ func TestDevNodesHas(t *testing.T) {
 	c, _ := charKey("issm9")
 	require.Less(t, a, b)
 	require.NotEqual(t, a, c)
+}
+
+// An index read again keeps its char devices while /dev/infiniband is
+// unchanged, and follows it when entries come and go, and when the
+// directory goes and comes back as it was.
+func TestScanIndexNodes(t *testing.T) {
+	root := t.TempDir()
+	ib := filepath.Join(root, "dev", "infiniband")
+	require.NoError(t, os.MkdirAll(ib, 0o755))
+	touch := func(names ...string) {
+		for _, n := range names {
+			require.NoError(t, os.WriteFile(filepath.Join(ib, n), nil, 0o644))
+		}
+	}
+	touch("uverbs0", "umad0", "issm0", "rdma_cm")
+	r := NewReader(root)
+	var idx ScanIndex
+	check := func(step string, want ...string) {
+		t.Helper()
+		require.NoError(t, idx.Read(r, 2), step)
+		nodes := idx.Nodes()
+		require.Equal(t, len(want), nodes.Len(), step)
+		for _, n := range want {
+			require.True(t, nodes.Has(DevDir+"/"+n), "%s: %s", step, n)
+		}
+		for _, n := range []string{"uverbs0", "umad0", "issm0", "rdma_cm", "uverbs1"} {
+			if !slices.Contains(want, n) {
+				require.False(t, nodes.Has(DevDir+"/"+n), "%s: %s", step, n)
+			}
+		}
+	}
+	check("first", "uverbs0", "umad0", "issm0", "rdma_cm")
+	check("unchanged", "uverbs0", "umad0", "issm0", "rdma_cm")
+	require.NoError(t, os.Remove(filepath.Join(ib, "umad0")))
+	check("umad0 removed", "uverbs0", "issm0", "rdma_cm")
+	away := filepath.Join(root, "away")
+	require.NoError(t, os.Rename(ib, away))
+	check("/dev/infiniband gone")
+	require.NoError(t, os.Rename(away, ib))
+	check("back as it was", "uverbs0", "issm0", "rdma_cm")
+	touch("uverbs1")
+	check("uverbs1 added", "uverbs0", "issm0", "rdma_cm", "uverbs1")
+	require.NoError(t, os.Remove(filepath.Join(ib, "rdma_cm")))
+	check("rdma_cm removed", "uverbs0", "issm0", "uverbs1")
 }

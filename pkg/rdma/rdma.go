@@ -308,27 +308,33 @@ func linkLayer(b []byte) string {
 }
 
 // DevNodes is the set of char devices present in <root>/dev/infiniband:
-// their names, sorted (a listing of the directory, searched rather than
-// copied into a map: a node of a thousand VFs has three thousand), and
-// the names of a kind and a number ("uverbs14") again as sorted integer
-// keys (charKey). A node scan asks for every VF's three char devices one
-// after the other, and an integer search inlines its compares where a
-// string search makes a call per step.
+// the names of a kind and a number ("uverbs14") as sorted integer keys
+// (charKey), and the other names ("rdma_cm"), sorted. A listing is
+// searched rather than copied into a map (a node of a thousand VFs has
+// three thousand char devices), and a node scan asks for every VF's three
+// char devices one after the other: an integer search inlines its
+// compares where a string search makes a call per step. The listing
+// itself need not be sorted: only the few other names are.
 type DevNodes struct {
-	names []string
-	keys  []uint64
+	names  []string // every name, in the listing's order
+	keys   []uint64
+	others []string
 }
 
-// newDevNodes is the set of names (sorted), with its keys in keys' memory.
-func newDevNodes(names []string, keys []uint64) DevNodes {
-	keys = keys[:0]
+// newDevNodes is the set of names (in any order), with its keys and its
+// other names in the memory of keys and others.
+func newDevNodes(names []string, keys []uint64, others []string) DevNodes {
+	keys, others = keys[:0], others[:0]
 	for _, n := range names {
 		if k, ok := charKey(n); ok {
 			keys = append(keys, k)
+		} else {
+			others = append(others, n)
 		}
 	}
 	slices.Sort(keys)
-	return DevNodes{names: names, keys: keys}
+	slices.Sort(others)
+	return DevNodes{names: names, keys: keys, others: others}
 }
 
 // charKey is a char device name of a kind and a number as one integer:
@@ -371,7 +377,7 @@ func (n DevNodes) Has(path string) bool {
 		_, ok = slices.BinarySearch(n.keys, k)
 		return ok
 	}
-	_, ok = slices.BinarySearch(n.names, name)
+	_, ok = slices.BinarySearch(n.others, name)
 	return ok
 }
 
@@ -381,16 +387,15 @@ func (n DevNodes) Len() int { return len(n.names) }
 // DevNodes lists the char devices present in <root>/dev/infiniband. A
 // missing directory is an empty set: the RDMA modules are not loaded.
 func (r *Reader) DevNodes() (DevNodes, error) {
-	names, err := listDir(filepath.Join(r.root, DevDir), nil)
+	names, err := listDir(filepath.Join(r.root, DevDir))
 	if err != nil {
 		return DevNodes{}, err
 	}
-	return newDevNodes(names, nil), nil
+	return newDevNodes(names, nil, nil), nil
 }
 
-// listDir lists a directory, sorted, into l (nil: into a new slice); a
-// missing directory is empty.
-func listDir(dir string, l *sysfs.Listing) ([]string, error) {
+// listDir lists a directory, sorted; a missing directory is empty.
+func listDir(dir string) ([]string, error) {
 	d, err := sysfs.Open(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -399,8 +404,5 @@ func listDir(dir string, l *sysfs.Listing) ([]string, error) {
 		return nil, err
 	}
 	defer d.Close()
-	if l != nil {
-		return l.List(d, ".")
-	}
 	return d.List(".")
 }
