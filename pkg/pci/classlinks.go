@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
@@ -140,7 +141,15 @@ func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(nam
 		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
 	defer dir.Close()
-	names, err := r.list.List(dir, ".")
+	// The listing is sorted only where siblings are looked up in it:
+	// the output's order comes from sorting the entries by owner and
+	// name below, and a class lists a thousand names per PF or so.
+	var names []string
+	if sibling != nil {
+		names, err = r.list.List(dir, ".")
+	} else {
+		names, _, err = r.list.Raw(dir, ".")
+	}
 	if err != nil {
 		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
@@ -217,8 +226,10 @@ func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(nam
 			owners[i] = owners[j]
 		}
 	}
-	// Each owner's names are a window of one slice, in the order of
-	// names (sorted): the entries with an owner, stably sorted by it.
+	// Each owner's names are a window of one slice: the entries with an
+	// owner, sorted by it and then by name. Names of one owner are
+	// compared only when it has several (few do), so the listing need
+	// not be sorted first.
 	order := r.order[:0]
 	for i, o := range owners {
 		if o != 0 {
@@ -226,7 +237,12 @@ func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(nam
 		}
 	}
 	r.order = order
-	slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(owners[a], owners[b]) })
+	slices.SortFunc(order, func(a, b int32) int {
+		if c := cmp.Compare(owners[a], owners[b]); c != 0 {
+			return c
+		}
+		return strings.Compare(names[a], names[b])
+	})
 	out := &r.out
 	clear(out.all)
 	clear(out.dirs)

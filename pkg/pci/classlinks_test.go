@@ -59,19 +59,24 @@ func TestClassReader(t *testing.T) {
 	class := filepath.Join(sys, "class", "net")
 	require.NoError(t, os.MkdirAll(class, 0o755))
 	for name, target := range map[string]string{
-		"b0":    "../../devices/pci0000:00/0000:00:01.0/0000:01:00.1/net/b0",
-		"a0":    "../../devices/pci0000:00/0000:00:01.0/0000:01:00.1/net/a0",
 		"eth9":  "../../devices/pci0000:00/0000:02:00.0/net/eth9",
 		"veth1": "../../devices/virtual/net/veth1",
 		"out0":  "../../../../outside/devices/pci0000:00/0000:00:01.0/0000:01:00.1/net/out0",
 	} {
 		require.NoError(t, os.Symlink(target, filepath.Join(class, name)))
 	}
+	// Several netdevs of one function, made out of order: the listing
+	// comes in the file system's order, and its names come out sorted.
+	several := []string{"z9", "b0", "m5", "a0", "q1", "c3", "b01"}
+	for _, name := range several {
+		require.NoError(t, os.Symlink("../../devices/pci0000:00/0000:00:01.0/0000:01:00.1/net/"+name, filepath.Join(class, name)))
+	}
+	sorted := []string{"a0", "b0", "b01", "c3", "m5", "q1", "z9"}
 	for _, workers := range []int{0, 1, 3, 8} {
 		links, err := new(ClassReader).Read(sys, "net", "net", workers, nil)
 		require.NoError(t, err)
-		require.Equal(t, map[string][]string{"0000:01:00.1": {"a0", "b0"}, "0000:02:00.0": {"eth9"}}, asMap(links), "workers=%d", workers)
-		require.Equal(t, []string{"a0", "b0"}, links.Of("0000:01:00.1"))
+		require.Equal(t, map[string][]string{"0000:01:00.1": sorted, "0000:02:00.0": {"eth9"}}, asMap(links), "workers=%d", workers)
+		require.Equal(t, sorted, links.Of("0000:01:00.1"))
 		require.Nil(t, links.Of("0000:01:00.2"))
 		require.Nil(t, links.Of("short"))
 	}
