@@ -57,7 +57,7 @@ func (idx *ScanIndex) readNodes(dir string) error {
 	if errors.Is(err, fs.ErrNotExist) {
 		// No RDMA modules: none, and not the listing's (which is of the
 		// directory before it went).
-		idx.nodes = newDevNodes(nil, idx.nodes.keys, idx.nodes.others)
+		idx.nodes = newDevNodes(nil, idx.nodes)
 		return nil
 	}
 	if err != nil {
@@ -71,7 +71,7 @@ func (idx *ScanIndex) readNodes(dir string) error {
 	if same && ok {
 		idx.nodes.names = names // the same names, in the listing's memory
 	} else {
-		idx.nodes = newDevNodes(names, idx.nodes.keys, idx.nodes.others)
+		idx.nodes = newDevNodes(names, idx.nodes)
 	}
 	idx.nodesOK = true
 	return nil

@@ -1,9 +1,11 @@
 package rdma
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -54,13 +56,20 @@ func TestDevicesFromOneDeviceAllocations(t *testing.T) {
 
 func TestDevNodesHas(t *testing.T) {
 	// In a listing's order, not sorted.
-	names := []string{"uverbs7", "issm3", "umad10", "uverbs1234567890", "rdma_cm", "umad3", "uverbs01", "abi_versionx", "uverbs2"}
-	nodes := newDevNodes(names, nil, nil)
+	names := []string{"uverbs7", "issm3", "umad10", "uverbs1234567890", "rdma_cm", "umad3", "uverbs01", "abi_versionx", "uverbs2",
+		"uverbs65535", "umad65536", "issm70000", "uverbs130"}
+	// Built in the memory of a set with more, and larger, numbers: none
+	// of its bits stay.
+	prev := newDevNodes([]string{"uverbs6", "umad11", "issm4", "uverbs129", "issm64", "umad4000"}, DevNodes{})
+	nodes := newDevNodes(names, prev)
 	for name, want := range map[string]bool{
 		"uverbs2": true, "uverbs7": true, "umad3": true, "umad10": true, "issm3": true, "rdma_cm": true,
 		"uverbs01": true, "uverbs1234567890": true, "abi_versionx": true,
 		"uverbs1": false, "uverbs3": false, "umad2": false, "issm10": false, "umad1": false, "uverbs02": false,
 		"uverbs123456789": false, "abi_version": false, "": false,
+		"uverbs65535": true, "umad65536": true, "issm70000": true, "uverbs130": true,
+		"uverbs65534": false, "umad65537": false, "issm69999": false, "uverbs131": false, "uverbs128": false,
+		"uverbs6": false, "umad11": false, "issm4": false, "uverbs129": false, "issm64": false, "umad4000": false,
 	} {
 		require.Equal(t, want, nodes.Has(DevDir+"/"+name), name)
 	}
@@ -116,4 +125,37 @@ func TestScanIndexNodes(t *testing.T) {
 	check("uverbs1 added", "uverbs0", "issm0", "rdma_cm", "uverbs1")
 	require.NoError(t, os.Remove(filepath.Join(ib, "rdma_cm")))
 	check("rdma_cm removed", "uverbs0", "issm0", "uverbs1")
+}
+
+// BenchmarkDevNodes builds the char device set of a 1024-VF host's
+// /dev/infiniband (its 3,097 names in a shuffled order, as a kernel lists
+// them) in the memory of the last one, as a scan that finds it changed
+// does, and asks for every VF's three char devices, as every scan's join
+// does.
+func BenchmarkDevNodes(b *testing.B) {
+	var names, paths []string
+	for i := range 1032 {
+		for _, kind := range []string{KindUverbs, KindUmad, KindIssm} {
+			names = append(names, kind+strconv.Itoa(i))
+			paths = append(paths, DevDir+"/"+kind+strconv.Itoa(i))
+		}
+	}
+	names = append(names, "rdma_cm")
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
+	b.Run("build", func(b *testing.B) {
+		var n DevNodes
+		for b.Loop() {
+			n = newDevNodes(names, n)
+		}
+	})
+	b.Run("has", func(b *testing.B) {
+		n := newDevNodes(names, DevNodes{})
+		for b.Loop() {
+			for _, p := range paths {
+				if !n.Has(p) {
+					b.Fatal(p)
+				}
+			}
+		}
+	})
 }

@@ -307,34 +307,56 @@ func linkLayer(b []byte) string {
 	return string(b)
 }
 
-// DevNodes is the set of char devices present in <root>/dev/infiniband:
-// the names of a kind and a number ("uverbs14") as sorted integer keys
-// (charKey), and the other names ("rdma_cm"), sorted. A listing is
-// searched rather than copied into a map (a node of a thousand VFs has
-// three thousand char devices), and a node scan asks for every VF's three
-// char devices one after the other: an integer search inlines its
-// compares where a string search makes a call per step. The listing
-// itself need not be sorted: only the few other names are.
+// DevNodes is the set of char devices present in <root>/dev/infiniband.
+// A node of a thousand VFs has three thousand, and a node scan asks for
+// every VF's three one after the other, so they are not searched by
+// name: the names of a kind and a number ("uverbs14") are bits, one
+// bitmap per kind indexed by the number (the kernel numbers them from 0,
+// densely), and a number past the bitmaps' reach is a sorted integer key
+// (charKey). Only the other names ("rdma_cm") are searched as strings,
+// sorted. Nothing is sorted but those: the listing comes as the kernel
+// gives it.
 type DevNodes struct {
-	names  []string // every name, in the listing's order
-	keys   []uint64
+	names  []string    // every name, in the listing's order
+	bits   [3][]uint64 // by kind (uverbs, umad, issm): bit n for number n
+	keys   []uint64    // charKey of the names numbered from maxBit on, sorted
 	others []string
 }
 
-// newDevNodes is the set of names (in any order), with its keys and its
-// other names in the memory of keys and others.
-func newDevNodes(names []string, keys []uint64, others []string) DevNodes {
-	keys, others = keys[:0], others[:0]
-	for _, n := range names {
-		if k, ok := charKey(n); ok {
-			keys = append(keys, k)
-		} else {
-			others = append(others, n)
-		}
+// maxBit bounds the numbers kept as bits: 8 KiB per kind at most.
+const maxBit = 1 << 16
+
+// newDevNodes is the set of names (in any order), in the memory of prev,
+// which it no longer is.
+func newDevNodes(names []string, prev DevNodes) DevNodes {
+	n := DevNodes{names: names, keys: prev.keys[:0], others: prev.others[:0]}
+	for i, b := range prev.bits {
+		// Zero to its capacity: a bitmap only grows within it by
+		// reslicing.
+		clear(b[:cap(b)])
+		n.bits[i] = b[:0]
 	}
-	slices.Sort(keys)
-	slices.Sort(others)
-	return DevNodes{names: names, keys: keys, others: others}
+	for _, name := range names {
+		k, ok := charKey(name)
+		if !ok {
+			n.others = append(n.others, name)
+			continue
+		}
+		kind, num := int(k>>32)-1, k&(1<<32-1)
+		if num >= maxBit {
+			n.keys = append(n.keys, k)
+			continue
+		}
+		b, w := n.bits[kind], int(num/64)
+		if w >= len(b) {
+			b = slices.Grow(b, w+1-len(b))[:w+1]
+		}
+		b[w] |= 1 << (num % 64)
+		n.bits[kind] = b
+	}
+	slices.Sort(n.keys)
+	slices.Sort(n.others)
+	return n
 }
 
 // charKey is a char device name of a kind and a number as one integer:
@@ -374,6 +396,11 @@ func (n DevNodes) Has(path string) bool {
 		return false
 	}
 	if k, ok := charKey(name); ok {
+		kind, num := int(k>>32)-1, k&(1<<32-1)
+		if num < maxBit {
+			w := int(num / 64)
+			return w < len(n.bits[kind]) && n.bits[kind][w]&(1<<(num%64)) != 0
+		}
 		_, ok = slices.BinarySearch(n.keys, k)
 		return ok
 	}
@@ -391,7 +418,7 @@ func (r *Reader) DevNodes() (DevNodes, error) {
 	if err != nil {
 		return DevNodes{}, err
 	}
-	return newDevNodes(names, nil, nil), nil
+	return newDevNodes(names, DevNodes{}), nil
 }
 
 // listDir lists a directory, sorted; a missing directory is empty.
