@@ -72,6 +72,10 @@ func (c ClassLinks) find(addr string) (int, bool) {
 	return slices.BinarySearch(c.owners, k)
 }
 
+// indexBits are the bits of a class entry's index below its owner's key
+// when a class reader sorts them as one integer: an ownerKey takes 37.
+const indexBits = 64 - 37
+
 // ownerKey is a PCI address as a number that orders as the address does:
 // its nine hex digits (domain, bus, device, function) below a 1 (bit 36),
 // so that 0 is no owner. A scan looks owners up thousands of times; integer
@@ -110,6 +114,7 @@ type ClassReader struct {
 	// reading's, by the same index: an unchanged class lists the same).
 	owners           []ownerKey
 	shared, order    []int32
+	keys             []uint64 // the entries to sort, by owner (see read)
 	paths, prevPaths []string
 	out              ClassLinks
 }
@@ -227,22 +232,44 @@ func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(nam
 		}
 	}
 	// Each owner's names are a window of one slice: the entries with an
-	// owner, sorted by it and then by name. Names of one owner are
-	// compared only when it has several (few do), so the listing need
-	// not be sorted first.
+	// owner, sorted by it and then by name. The entries are sorted as
+	// one integer each, the owner's key above the entry's index (its
+	// compares inline, where a comparison function is a call per step:
+	// a fifth of the time on a class of a thousand entries); names are
+	// then compared only within an owner that has several (few do), so
+	// the listing need not be sorted first.
 	order := r.order[:0]
-	for i, o := range owners {
-		if o != 0 {
-			order = append(order, int32(i))
+	if len(names) < 1<<indexBits {
+		keys := r.keys[:0]
+		for i, o := range owners {
+			if o != 0 {
+				keys = append(keys, uint64(o)<<indexBits|uint64(i))
+			}
 		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			order = append(order, int32(k&(1<<indexBits-1)))
+		}
+		r.keys = keys
+	} else {
+		for i, o := range owners {
+			if o != 0 {
+				order = append(order, int32(i))
+			}
+		}
+		slices.SortFunc(order, func(a, b int32) int { return cmp.Compare(owners[a], owners[b]) })
+	}
+	for lo := 0; lo < len(order); {
+		hi := lo + 1
+		for hi < len(order) && owners[order[hi]] == owners[order[lo]] {
+			hi++
+		}
+		if hi-lo > 1 {
+			slices.SortFunc(order[lo:hi], func(a, b int32) int { return strings.Compare(names[a], names[b]) })
+		}
+		lo = hi
 	}
 	r.order = order
-	slices.SortFunc(order, func(a, b int32) int {
-		if c := cmp.Compare(owners[a], owners[b]); c != 0 {
-			return c
-		}
-		return strings.Compare(names[a], names[b])
-	})
 	out := &r.out
 	clear(out.all)
 	clear(out.dirs)
