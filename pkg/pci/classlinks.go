@@ -83,25 +83,39 @@ const indexBits = 64 - 37
 type ownerKey uint64
 
 // keyOf returns the key of addr; false when it is not a PCI address
-// (ValidAddress), which it checks in the same pass.
+// (ValidAddress), which it checks in the same pass. A scan makes a key
+// for every class entry and every lookup: the digits go through a table,
+// without a branch per kind of byte.
 func keyOf(addr string) (ownerKey, bool) {
 	if len(addr) != 12 || addr[4] != ':' || addr[7] != ':' || addr[10] != '.' || addr[8] > '1' || addr[11] > '7' {
 		return 0, false
 	}
-	k := uint64(1)
-	for i := 0; i < len(addr); i++ {
-		switch c := addr[i]; {
-		case i == 4 || i == 7 || i == 10:
-		case '0' <= c && c <= '9':
-			k = k<<4 | uint64(c-'0')
-		case 'a' <= c && c <= 'f':
-			k = k<<4 | uint64(c-'a'+10)
-		default:
-			return 0, false
-		}
+	k, bad := uint64(1), byte(0)
+	for _, i := range [...]int{0, 1, 2, 3, 5, 6, 8, 9, 11} {
+		v := hexDigit[addr[i]]
+		bad |= v
+		k = k<<4 | uint64(v&0xf)
+	}
+	if bad > 0xf {
+		return 0, false
 	}
 	return ownerKey(k), true
 }
+
+// hexDigit is the value of a lowercase hex digit (sysfs writes them so),
+// 0xff for any other byte.
+var hexDigit = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = byte(c - '0')
+	}
+	for c := 'a'; c <= 'f'; c++ {
+		t[c] = byte(c - 'a' + 10)
+	}
+	return t
+}()
 
 // ClassReader reads a class directory into ClassLinks, again and again
 // (a node's periodic scan), keeping the memory of each reading for the
