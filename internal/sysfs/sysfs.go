@@ -114,24 +114,17 @@ type Listing struct {
 // List is d.List(name) into l. What it returns belongs to l: valid until
 // l lists again.
 func (l *Listing) List(d Dir, name string) ([]string, error) {
-	l.prevRaw, l.raw = l.raw, l.prevRaw
-	clear(l.raw[:cap(l.raw)])
-	raw, same, err := d.listRaw(name, l.raw[:0], l.prevRaw)
-	l.raw = raw
-	if err != nil {
-		l.sortedOK = false
+	sortedOK := l.sortedOK
+	raw, same, err := l.Raw(d, name)
+	if err != nil || len(raw) == 0 {
 		return nil, err
 	}
-	if len(raw) == 0 {
-		l.sortedOK = false
-		return nil, nil
-	}
-	if !same || !l.sortedOK {
+	if !same || !sortedOK {
 		clear(l.sorted)
 		l.sorted = append(l.sorted[:0], raw...)
 		sortNames(l.sorted)
-		l.sortedOK = true
 	}
+	l.sortedOK = true
 	return l.sorted, nil
 }
 

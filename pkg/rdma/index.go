@@ -48,7 +48,7 @@ func (idx *ScanIndex) Read(r *Reader, workers int) error {
 }
 
 // readNodes lists dir (<root>/dev/infiniband) into idx.nodes. The
-// listing is not sorted (DevNodes sorts its keys), and an unchanged one
+// listing is not sorted (DevNodes needs no order), and an unchanged one
 // keeps the set built from it.
 func (idx *ScanIndex) readNodes(dir string) error {
 	ok := idx.nodesOK
