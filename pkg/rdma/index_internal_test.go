@@ -76,9 +76,9 @@ func TestDevNodesHas(t *testing.T) {
 	require.False(t, nodes.Has("uverbs2"), "a host path, not a name")
 	require.Equal(t, len(names), nodes.Len())
 	// Keys are distinct per kind and order as their numbers.
-	a, _ := charKey("umad9")
-	b, _ := charKey("umad10")
-	c, _ := charKey("issm9")
+	a, _ := charKeyOf("umad9")
+	b, _ := charKeyOf("umad10")
+	c, _ := charKeyOf("issm9")
 	require.Less(t, a, b)
 	require.NotEqual(t, a, c)
 }

@@ -313,13 +313,13 @@ func linkLayer(b []byte) string {
 // name: the names of a kind and a number ("uverbs14") are bits, one
 // bitmap per kind indexed by the number (the kernel numbers them from 0,
 // densely), and a number past the bitmaps' reach is a sorted integer key
-// (charKey). Only the other names ("rdma_cm") are searched as strings,
+// (charKeyOf). Only the other names ("rdma_cm") are searched as strings,
 // sorted. Nothing is sorted but those: the listing comes as the kernel
 // gives it.
 type DevNodes struct {
 	names  []string    // every name, in the listing's order
 	bits   [3][]uint64 // by kind (uverbs, umad, issm): bit n for number n
-	keys   []uint64    // charKey of the names numbered from maxBit on, sorted
+	keys   []charKey   // the names numbered from maxBit on, sorted
 	others []string
 }
 
@@ -337,22 +337,22 @@ func newDevNodes(names []string, prev DevNodes) DevNodes {
 		n.bits[i] = b[:0]
 	}
 	for _, name := range names {
-		k, ok := charKey(name)
+		k, ok := charKeyOf(name)
 		if !ok {
 			n.others = append(n.others, name)
 			continue
 		}
-		kind, num := int(k>>32)-1, k&(1<<32-1)
+		num := k.number()
 		if num >= maxBit {
 			n.keys = append(n.keys, k)
 			continue
 		}
-		b, w := n.bits[kind], int(num/64)
+		b, w := n.bits[k.kind()], int(num/64)
 		if w >= len(b) {
 			b = slices.Grow(b, w+1-len(b))[:w+1]
 		}
 		b[w] |= 1 << (num % 64)
-		n.bits[kind] = b
+		n.bits[k.kind()] = b
 	}
 	slices.Sort(n.keys)
 	slices.Sort(n.others)
@@ -360,10 +360,19 @@ func newDevNodes(names []string, prev DevNodes) DevNodes {
 }
 
 // charKey is a char device name of a kind and a number as one integer:
-// the kind (1, 2, 3 for uverbs, umad, issm) above the number. false for
-// another name, and for a number with a leading zero or of more than
-// nine digits, which only the names search.
-func charKey(name string) (uint64, bool) {
+// the kind (1, 2, 3 for uverbs, umad, issm) above the number.
+type charKey uint64
+
+// kind is the index of k's kind: 0, 1, 2 for uverbs, umad, issm.
+func (k charKey) kind() int { return int(k>>32) - 1 }
+
+// number is k's number, the N of uverbsN.
+func (k charKey) number() uint64 { return uint64(k) & (1<<32 - 1) }
+
+// charKeyOf is the key of a char device name; false for another name,
+// and for a number with a leading zero or of more than nine digits, which
+// only the names search.
+func charKeyOf(name string) (charKey, bool) {
 	kind, ok := CharKind(name)
 	if !ok {
 		return 0, false
@@ -385,7 +394,7 @@ func charKey(name string) (uint64, bool) {
 	for i := 0; i < len(digits); i++ {
 		n = n*10 + uint64(digits[i]-'0')
 	}
-	return k<<32 | n, true
+	return charKey(k<<32 | n), true
 }
 
 // Has reports whether the device at host path ("/dev/infiniband/uverbs14")
@@ -395,11 +404,10 @@ func (n DevNodes) Has(path string) bool {
 	if !ok {
 		return false
 	}
-	if k, ok := charKey(name); ok {
-		kind, num := int(k>>32)-1, k&(1<<32-1)
-		if num < maxBit {
-			w := int(num / 64)
-			return w < len(n.bits[kind]) && n.bits[kind][w]&(1<<(num%64)) != 0
+	if k, ok := charKeyOf(name); ok {
+		if num := k.number(); num < maxBit {
+			b, w := n.bits[k.kind()], int(num/64)
+			return w < len(b) && b[w]&(1<<(num%64)) != 0
 		}
 		_, ok = slices.BinarySearch(n.keys, k)
 		return ok
