@@ -128,6 +128,7 @@ type ClassReader struct {
 	// reading's, by the same index: an unchanged class lists the same).
 	owners           []ownerKey
 	shared, order    []int32
+	fam, heads       []int32  // by entry and by family number (shareFamilies)
 	keys             []uint64 // the entries to sort, by owner (see read)
 	paths, prevPaths []string
 	out              ClassLinks
@@ -139,19 +140,26 @@ type ClassReader struct {
 // goroutines; names come out sorted per function. What it returns
 // belongs to r: valid until r reads again.
 //
-// sibling, when not nil, is for a class whose entries come in families
-// with one parent: sibling(name) names the entry whose owner name shares
-// ("" for none), and when that entry is listed its link is read instead of
-// name's. ib_umad, for one, makes umadN and issmN for the same port with
-// the same parent.
-func (r *ClassReader) Read(sys, class, sub string, workers int, sibling func(name string) string) (ClassLinks, error) {
-	return r.read(sys, class, sub, workers, sibling, false)
+// family, when not nil, is for a class whose entries come in families
+// with one parent (see Family): a member whose family's head is listed
+// takes the head's owner instead of reading its own link.
+func (r *ClassReader) Read(sys, class, sub string, workers int, family Family) (ClassLinks, error) {
+	return r.read(sys, class, sub, workers, family, false)
 }
+
+// A Family says which entries of a class one parent registers together:
+// family(name) is the number of name's family and whether name is its
+// head, the one entry of it whose link is read; ok is false for an entry
+// of no family, which reads its own link. ib_umad, for one, registers
+// umadN and issmN for one port with the same parent: umadN heads family
+// N. Family numbers are the kernel's, dense from 0: a number past twice
+// the class's entries (no kernel's) puts its entry in no family.
+type Family func(name string) (n uint32, head, ok bool)
 
 // read is Read, also keeping the owners' directories ("<sys>/devices/
 // pci0000:15/…/0000:18:00.1", as the entries' links give them) when dirs
 // is set.
-func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(name string) string, dirs bool) (ClassLinks, error) {
+func (r *ClassReader) read(sys, class, sub string, workers int, family Family, dirs bool) (ClassLinks, error) {
 	dir, err := sysfs.Open(filepath.Join(sys, "class", class))
 	if errors.Is(err, fs.ErrNotExist) {
 		return ClassLinks{}, nil
@@ -160,15 +168,10 @@ func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(nam
 		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
 	defer dir.Close()
-	// The listing is sorted only where siblings are looked up in it:
-	// the output's order comes from sorting the entries by owner and
-	// name below, and a class lists a thousand names per PF or so.
-	var names []string
-	if sibling != nil {
-		names, err = r.list.List(dir, ".")
-	} else {
-		names, _, err = r.list.Raw(dir, ".")
-	}
+	// The listing is not sorted: the output's order comes from sorting
+	// the entries by owner and name below, and a class lists a thousand
+	// names per PF or so.
+	names, _, err := r.list.Raw(dir, ".")
 	if err != nil {
 		return ClassLinks{}, fmt.Errorf("list class %s: %w", class, err)
 	}
@@ -189,22 +192,11 @@ func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(nam
 	// takes, or -1 to read its own link.
 	shared := resize(r.shared, len(names))
 	r.shared = shared
-	for i, n := range names {
+	for i := range shared {
 		shared[i] = -1
-		if sibling == nil {
-			continue
-		}
-		sib := sibling(n)
-		if sib == "" || sib == n {
-			continue
-		}
-		// Only an entry that reads its own link can be shared: no chains.
-		if s2 := sibling(sib); s2 != "" && s2 != sib {
-			continue
-		}
-		if j, ok := slices.BinarySearch(names, sib); ok {
-			shared[i] = int32(j)
-		}
+	}
+	if family != nil {
+		r.shareFamilies(names, shared, family)
 	}
 	if workers < 1 {
 		workers = 1
@@ -310,6 +302,48 @@ func (r *ClassReader) read(sys, class, sub string, workers int, sibling func(nam
 		lo = hi
 	}
 	return *out, nil
+}
+
+// shareFamilies sets shared[i] to the index of the head of names[i]'s
+// family, for every member whose head is listed. The families are
+// numbered densely, so their heads are found by number in a slice: no
+// sort of the listing and no search per member (a node of a thousand VFs
+// has two thousand ib_umad entries).
+func (r *ClassReader) shareFamilies(names []string, shared []int32, family Family) {
+	// fam[i] is names[i]'s family number times two, plus one for its
+	// head; -1 for no family.
+	fam := resize(r.fam, len(names))
+	r.fam = fam
+	limit := 2*uint32(len(names)) + 1
+	most := -1
+	for i, name := range names {
+		fam[i] = -1
+		n, head, ok := family(name)
+		if !ok || n >= limit {
+			continue
+		}
+		fam[i] = int32(2 * n)
+		if head {
+			fam[i]++
+		}
+		most = max(most, int(n))
+	}
+	// heads[n] is the index of family n's head, -1 for none listed.
+	heads := resize(r.heads, most+1)
+	r.heads = heads
+	for n := range heads {
+		heads[n] = -1
+	}
+	for i, f := range fam {
+		if f >= 0 && f%2 == 1 {
+			heads[f/2] = int32(i)
+		}
+	}
+	for i, f := range fam {
+		if f >= 0 && f%2 == 0 {
+			shared[i] = heads[f/2]
+		}
+	}
 }
 
 // devicesDir is "<sys>/devices/<rel>": prev[i] when that is it (the last

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -96,19 +97,26 @@ func TestClassReaderSharing(t *testing.T) {
 		"umad1": b,
 		"issm1": b,
 		"issm7": c, // no umad7 listed: read its own link
+		// A family number past twice the entries is no kernel's: no
+		// family, each reads its own link.
+		"umad9999": a,
+		"issm9999": c,
 	} {
 		require.NoError(t, os.Symlink("../../devices/pci0000:00/"+owner+"/infiniband_mad/"+name, filepath.Join(class, name)))
 	}
-	umadOf := func(n string) string {
-		if rest, ok := strings.CutPrefix(n, "issm"); ok {
-			return "umad" + rest
+	umadFamily := func(name string) (uint32, bool, bool) {
+		for prefix, head := range map[string]bool{"umad": true, "issm": false} {
+			if rest, ok := strings.CutPrefix(name, prefix); ok {
+				n, err := strconv.ParseUint(rest, 10, 32)
+				return uint32(n), head, err == nil
+			}
 		}
-		return ""
+		return 0, false, false
 	}
 	for _, workers := range []int{1, 4} {
-		links, err := new(ClassReader).Read(sys, "infiniband_mad", "infiniband_mad", workers, umadOf)
+		links, err := new(ClassReader).Read(sys, "infiniband_mad", "infiniband_mad", workers, umadFamily)
 		require.NoError(t, err)
-		require.Equal(t, map[string][]string{a: {"issm0", "umad0"}, b: {"issm1", "umad1"}, c: {"issm7"}}, asMap(links), "workers=%d", workers)
+		require.Equal(t, map[string][]string{a: {"issm0", "umad0", "umad9999"}, b: {"issm1", "umad1"}, c: {"issm7", "issm9999"}}, asMap(links), "workers=%d", workers)
 	}
 }
 

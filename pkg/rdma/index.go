@@ -40,7 +40,7 @@ func (idx *ScanIndex) Read(r *Reader, workers int) error {
 		idx.verbs, errs[1] = idx.readers[1].Read(r.sys, "infiniband_verbs", "infiniband_verbs", workers, nil)
 	})
 	wg.Go(func() {
-		idx.mad, errs[2] = idx.readers[2].Read(r.sys, "infiniband_mad", "infiniband_mad", workers, umadOfIssm)
+		idx.mad, errs[2] = idx.readers[2].Read(r.sys, "infiniband_mad", "infiniband_mad", workers, umadFamily)
 	})
 	errs[3] = idx.readNodes(filepath.Join(r.root, DevDir))
 	wg.Wait()
@@ -98,13 +98,15 @@ func CharKind(name string) (string, bool) {
 	return kind, true
 }
 
-// umadOfIssm names the umadN of an issmN: ib_umad registers both for one
-// port, with one device number and the same parent.
-func umadOfIssm(name string) string {
-	if kind, ok := CharKind(name); ok && kind == KindIssm {
-		return KindUmad + name[len(KindIssm):]
+// umadFamily is the family of an ib_umad class entry (pci.Family):
+// ib_umad registers umadN and issmN for one port, with one device number
+// and the same parent, and umadN heads family N.
+func umadFamily(name string) (n uint32, head, ok bool) {
+	k, ok := charKeyOf(name)
+	if !ok || k.kind() == 0 {
+		return 0, false, false
 	}
-	return ""
+	return uint32(k.number()), k.kind() == 1, true
 }
 
 // DevicesForScan is DevicesAt for the function at addr, read through dir,
