@@ -244,9 +244,12 @@ func (r *ClassReader) read(sys, class, sub string, workers int, family Family, d
 	// a fifth of the time on a class of a thousand entries); names are
 	// then compared only within an owner that has several (few do), so
 	// the listing need not be sorted first.
-	order := r.order[:0]
+	// The slices are sized for every entry at once: grown by appending,
+	// a first reading of a thousand entries allocates each about three
+	// times over, fresh memory that a start pays a page fault for.
+	order := slices.Grow(r.order[:0], len(names))
 	if len(names) < 1<<indexBits {
-		keys := r.keys[:0]
+		keys := slices.Grow(r.keys[:0], len(names))
 		for i, o := range owners {
 			if o != 0 {
 				keys = append(keys, uint64(o)<<indexBits|uint64(i))
@@ -279,9 +282,10 @@ func (r *ClassReader) read(sys, class, sub string, workers int, family Family, d
 	out := &r.out
 	clear(out.all)
 	clear(out.dirs)
-	out.owners, out.all, out.ends = out.owners[:0], resize(out.all, len(order)), out.ends[:0]
-	out.dirs = out.dirs[:0]
-	if !dirs {
+	out.owners, out.all, out.ends = slices.Grow(out.owners[:0], len(order)), resize(out.all, len(order)), slices.Grow(out.ends[:0], len(order))
+	if dirs {
+		out.dirs = slices.Grow(out.dirs[:0], len(order))
+	} else {
 		out.dirs = nil
 	}
 	for lo := 0; lo < len(order); {
