@@ -407,18 +407,12 @@ func ownerOf(target []byte, sub, name string) (ownerKey, bool) {
 	if !classLinkInside(target) {
 		return 0, false
 	}
-	rest, ok := bytes.CutSuffix(target, []byte(name))
-	if !ok {
+	// "/<addr>/<sub>/<name>" at the end, <addr> twelve bytes: compared in
+	// place, not cut off piece by piece.
+	at := len(target) - len(name) - len(sub) - 2 // the slash after <addr>
+	if at < 13 || target[at-13] != '/' || target[at] != '/' || target[at+1+len(sub)] != '/' ||
+		string(target[at+1:at+1+len(sub)]) != sub || string(target[at+2+len(sub):]) != name {
 		return 0, false
 	}
-	if rest, ok = bytes.CutSuffix(rest, []byte("/")); !ok {
-		return 0, false
-	}
-	if rest, ok = bytes.CutSuffix(rest, []byte(sub)); !ok {
-		return 0, false
-	}
-	if rest, ok = bytes.CutSuffix(rest, []byte("/")); !ok {
-		return 0, false
-	}
-	return keyOf(string(rest[bytes.LastIndexByte(rest, '/')+1:]))
+	return keyOf(string(target[at-12 : at]))
 }

@@ -27,6 +27,15 @@ func TestOwnerOf(t *testing.T) {
 		{"../../devices//0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
 		{"/sys/devices/pci0000:15/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
 		{"../class/../../devices/pci0000:15/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		// The address is the whole element before <sub>, and <sub> and
+		// <name> are whole elements.
+		{"../../devices/pci0000:15/10000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../../devices/pci0000:15/0000:18:00.1/nat/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../../devices/pci0000:15/0000:18:00.1:net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../../devices/pci0000:15/0000:18:00.1/net:ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../../devices/pci0000:15/0000:18:00.1/net/xibp24s0v0", "net", "ibp24s0v0", ""},
+		{"0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", ""},
+		{"../../devices/pci0000:15/.a/0000:18:00.1/net/ibp24s0v0", "net", "ibp24s0v0", "0000:18:00.1"},
 	}
 	for _, tt := range tests {
 		k, ok := ownerOf([]byte(tt.target), tt.sub, tt.name)
@@ -46,6 +55,11 @@ func TestClassLinkInside(t *testing.T) {
 		"../../devices/a/../../../etc":                   false,
 		"../../devices/a/..":                             false,
 		"../../devices/./a":                              false,
+		"../../devices/.":                                false,
+		"../../devices/a/.":                              false,
+		"../../devices/a//b":                             false,
+		"../../devices//a":                               false,
+		"../../devices/.a/b":                             true,
 		"../../../devices/a":                             false,
 		"/sys/devices/a":                                 false,
 		"devices/a":                                      false,
