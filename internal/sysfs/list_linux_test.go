@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,4 +44,31 @@ func TestListShortReads(t *testing.T) {
 		require.Greater(t, short, 1, "limit %d: the kernel answered in pieces", limit)
 		require.Equal(t, short+1, calls, "limit %d: one more call, which returns 0", limit)
 	}
+}
+
+// Names are read to their NUL, which the kernel writes in a record's
+// last eight bytes, whatever the bytes after it hold: the buffer is full
+// of garbage before each call, and every name length from 1 to 40 (each
+// place the NUL can take in the padding) is listed.
+func TestListPadding(t *testing.T) {
+	root := t.TempDir()
+	var want []string
+	for n := 1; n <= 40; n++ {
+		name := strings.Repeat("x", n-1) + string(rune('a'+n%26))
+		want = append(want, name)
+		require.NoError(t, os.WriteFile(filepath.Join(root, name), nil, 0o644))
+	}
+	slices.Sort(want)
+	d, err := Open(root)
+	require.NoError(t, err)
+	defer d.Close()
+	got, _, err := d.listRawWith(".", nil, nil, func(fd int, buf []byte) (int, error) {
+		for i := range buf {
+			buf[i] = 0xaa
+		}
+		return unix.Getdents(fd, buf)
+	})
+	require.NoError(t, err)
+	slices.Sort(got)
+	require.Equal(t, want, got)
 }

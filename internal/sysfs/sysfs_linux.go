@@ -235,7 +235,8 @@ func (s *listScratch) put() {
 // appendNames decodes linux_dirent64 records, skipping "." and "..". A
 // name that r has is r's string; the other names of one buffer share one
 // new string (two allocations, not one per name: a scan lists about ten
-// thousand entries).
+// thousand entries). Two passes: the first sizes the names and that
+// string, the second fills them.
 func appendNames(names []string, b []byte, r *reuse) []string {
 	size, count := 0, 0
 	probe := *r // the decisions the second pass makes again
@@ -253,24 +254,10 @@ func appendNames(names []string, b []byte, r *reuse) []string {
 		rest = rest[reclen:]
 	}
 	names = slices.Grow(names, count)
-	var all string
-	if size > 0 {
-		blob := make([]byte, 0, size)
-		for rest, p := b, *r; len(rest) >= 19; {
-			name, reclen := dirent(rest)
-			if reclen == 0 {
-				break
-			}
-			if !dotOrDotDot(name) {
-				if _, ok := p.take(name); !ok {
-					blob = append(blob, name...)
-				}
-			}
-			rest = rest[reclen:]
-		}
-		all = unsafe.String(unsafe.SliceData(blob), len(blob)) // blob is not written again
-	}
-	off := 0
+	// blob has room for every new name, so appending never moves it: the
+	// strings made from it stay valid, and it is not written again once
+	// they are.
+	blob := make([]byte, 0, size)
 	for rest := b; len(rest) >= 19; {
 		name, reclen := dirent(rest)
 		if reclen == 0 {
@@ -279,8 +266,9 @@ func appendNames(names []string, b []byte, r *reuse) []string {
 		if !dotOrDotDot(name) {
 			s, ok := r.take(name)
 			if !ok {
-				s = all[off : off+len(name)]
-				off += len(name)
+				off := len(blob)
+				blob = append(blob, name...)
+				s = unsafe.String(unsafe.SliceData(blob[off:]), len(name))
 			}
 			names = append(names, s)
 		}
@@ -290,17 +278,24 @@ func appendNames(names []string, b []byte, r *reuse) []string {
 }
 
 // dirent returns the name of the linux_dirent64 record at the start of b
-// and the record's length; 0 for a record that does not fit.
+// and the record's length; 0 for a record that does not fit. The kernel
+// pads a record to 8 bytes after its name's NUL, and what follows the NUL
+// is not cleared: the NUL is the first zero byte in the record's last
+// eight (past the 19-byte header), as the name has none. So only those
+// are looked at, not the whole name.
 func dirent(b []byte) ([]byte, int) {
 	reclen := int(*(*uint16)(unsafe.Pointer(&b[16])))
 	if reclen < 19 || reclen > len(b) {
 		return nil, 0
 	}
-	name := b[19:reclen]
-	if i := bytes.IndexByte(name, 0); i >= 0 {
-		name = name[:i]
+	end := reclen
+	for i := max(19, reclen-8); i < reclen; i++ {
+		if b[i] == 0 {
+			end = i
+			break
+		}
 	}
-	return name, reclen
+	return b[19:end], reclen
 }
 
 func dotOrDotDot(name []byte) bool {
