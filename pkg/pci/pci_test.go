@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -296,4 +297,49 @@ func TestScanDirFromNetdevLink(t *testing.T) {
 	require.NoError(t, os.Symlink("../../../outside/"+target[len("../../"):], link))
 	_, err = pci.New(root).Scan(nil)
 	require.Error(t, err)
+}
+
+// A scan lists the bus in address order, whatever order the directory
+// lists it in, without its entries that are no PCI address; a buffer
+// scanning again sees functions come and go.
+func TestScanBusOrder(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, fixture.Generate(root, 4, 8))
+	bus := filepath.Join(root, "sys/bus/pci/devices")
+	require.NoError(t, os.WriteFile(filepath.Join(bus, "not-a-function"), nil, 0o644))
+	require.NoError(t, os.Symlink("../../../devices/pci0000:00/0000:18:00.8", filepath.Join(bus, "0000:18:00.8")))
+	var want []string
+	entries, err := os.ReadDir(bus)
+	require.NoError(t, err)
+	for _, e := range entries {
+		if pci.ValidAddress(e.Name()) {
+			want = append(want, e.Name())
+		}
+	}
+	slices.Sort(want)
+	addrs := func(fns []pci.Function) []string {
+		var out []string
+		for _, f := range fns {
+			out = append(out, f.Address)
+		}
+		return out
+	}
+	s := pci.New(root)
+	var buf pci.ScanBuffer[struct{}]
+	for range 2 { // the second: an unchanged listing
+		fns, _, err := pci.ScanInto(s, nil, nil, &buf)
+		require.NoError(t, err)
+		require.Equal(t, want, addrs(fns))
+	}
+	vf := fixture.VFAddress(0x11, 3)
+	link, err := os.Readlink(filepath.Join(bus, vf))
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(filepath.Join(bus, vf)))
+	fns, _, err := pci.ScanInto(s, nil, nil, &buf)
+	require.NoError(t, err)
+	require.Equal(t, slices.DeleteFunc(slices.Clone(want), func(a string) bool { return a == vf }), addrs(fns))
+	require.NoError(t, os.Symlink(link, filepath.Join(bus, vf)))
+	fns, _, err = pci.ScanInto(s, nil, nil, &buf)
+	require.NoError(t, err)
+	require.Equal(t, want, addrs(fns))
 }

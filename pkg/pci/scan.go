@@ -52,6 +52,8 @@ type Visitor[T any] func(f *Function, dir Dir) (T, error)
 // ready to use; one ScanBuffer serves one scan at a time.
 type ScanBuffer[T any] struct {
 	bus     sysfs.Listing
+	addrs   []string // the bus's addresses, sorted
+	keys    []uint64 // for sorting addrs (busAddrs)
 	netdevs ClassReader
 	fns     []Function
 	vals    []T
@@ -85,29 +87,19 @@ func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 		defer close(listed)
 		netdevs, netErr = buf.netdevs.read(s.sys, "net", "net", s.workers, nil, true)
 	}()
-	entries, err := buf.bus.List(bus, ".")
+	entries, same, err := buf.bus.Raw(bus, ".")
 	<-listed
 	if err != nil {
+		buf.addrs = buf.addrs[:0]
 		return nil, nil, fmt.Errorf("list pci devices: %w", err)
+	}
+	// An unchanged listing has the addresses of the last.
+	addrs := buf.addrs
+	if !same || len(addrs) == 0 {
+		addrs = buf.busAddrs(entries)
 	}
 	if netErr != nil {
 		return nil, nil, netErr
-	}
-	n := 0
-	for _, e := range entries {
-		if ValidAddress(e) {
-			n++
-		}
-	}
-	addrs := entries
-	if n < len(entries) {
-		// The listing is buf's, and sorted: filter a copy.
-		addrs = make([]string, 0, n)
-		for _, e := range entries {
-			if ValidAddress(e) {
-				addrs = append(addrs, e)
-			}
-		}
 	}
 	fns := resize(buf.fns, len(addrs))
 	kept := resize(buf.kept, len(addrs))
@@ -139,7 +131,7 @@ func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T]
 	}
 	wg.Wait()
 
-	n = 0 // kept so far: fns[:n], sorted by address as the listing is
+	n := 0 // kept so far: fns[:n], sorted by address
 	for i := range fns {
 		if errs[i] != nil {
 			// A function that vanished mid-scan (hot unplug, VFs being
@@ -358,4 +350,37 @@ func (w *worker) scanOne(i int, f *Function, addr string) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// busAddrs are the PCI addresses among a bus listing's entries, sorted.
+// Each is sorted as its key with its index below (as a class reading
+// sorts its entries): an address is twelve bytes that mostly share their
+// first eight, which a string sort compares again at every step. Keys
+// order as the addresses do.
+func (buf *ScanBuffer[T]) busAddrs(entries []string) []string {
+	keys := slices.Grow(buf.keys[:0], len(entries))
+	if len(entries) < 1<<indexBits {
+		for i, e := range entries {
+			if k, ok := keyOf(e); ok {
+				keys = append(keys, uint64(k)<<indexBits|uint64(i))
+			}
+		}
+		slices.Sort(keys)
+	}
+	buf.keys = keys
+	addrs := slices.Grow(buf.addrs[:0], len(keys))
+	for _, k := range keys {
+		addrs = append(addrs, entries[k&(1<<indexBits-1)])
+	}
+	if len(entries) >= 1<<indexBits {
+		for _, e := range entries {
+			if ValidAddress(e) {
+				addrs = append(addrs, e)
+			}
+		}
+		slices.Sort(addrs)
+	}
+	clear(addrs[len(addrs):cap(addrs)])
+	buf.addrs = addrs
+	return addrs
 }
