@@ -53,7 +53,8 @@ type Visitor[T any] func(f *Function, dir Dir) (T, error)
 type ScanBuffer[T any] struct {
 	bus     sysfs.Listing
 	addrs   []string // the bus's addresses, sorted
-	keys    []uint64 // for sorting addrs (busAddrs)
+	keys    []uint64 // for sorting addrs (busAddrs), and their scratch
+	keysTmp []uint64
 	netdevs ClassReader
 	fns     []Function
 	vals    []T
@@ -365,7 +366,7 @@ func (buf *ScanBuffer[T]) busAddrs(entries []string) []string {
 				keys = append(keys, uint64(k)<<indexBits|uint64(i))
 			}
 		}
-		slices.Sort(keys)
+		keys, buf.keysTmp = sortByOwner(keys, slices.Grow(buf.keysTmp[:0], len(keys)))
 	}
 	buf.keys = keys
 	addrs := slices.Grow(buf.addrs[:0], len(keys))
