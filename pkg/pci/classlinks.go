@@ -2,7 +2,6 @@ package pci
 
 import (
 	"bytes"
-	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -128,8 +127,8 @@ type ClassReader struct {
 	// reading's, by the same index: an unchanged class lists the same).
 	owners           []ownerKey
 	shared, order    []int32
-	fam, heads       []int32  // by entry and by family number (shareFamilies)
-	keys, keysTmp    []uint64 // the entries to sort, by owner (see read)
+	fam, heads       []int32    // by entry and by family number (shareFamilies)
+	sort             ownerOrder // the entries, by owner (see read)
 	paths, prevPaths []string
 	out              ClassLinks
 }
@@ -240,33 +239,13 @@ func (r *ClassReader) read(sys, class, sub string, workers int, family Family, d
 	// Each owner's names are a window of one slice: the entries with an
 	// owner, sorted by it and then by name. The entries are sorted as
 	// one integer each, the owner's key above the entry's index, by a
-	// radix sort over the bytes the owners differ in (sortByOwner);
+	// radix sort over the bytes the owners differ in (ownerOrder);
 	// names are then compared only within an owner that has several
 	// (few do), so the listing need not be sorted first.
 	// The slices are sized for every entry at once: grown by appending,
 	// a first reading of a thousand entries allocates each about three
 	// times over, fresh memory that a start pays a page fault for.
-	order := slices.Grow(r.order[:0], len(names))
-	if len(names) < 1<<indexBits {
-		keys := slices.Grow(r.keys[:0], len(names))
-		for i, o := range owners {
-			if o != 0 {
-				keys = append(keys, uint64(o)<<indexBits|uint64(i))
-			}
-		}
-		keys, r.keysTmp = sortByOwner(keys, slices.Grow(r.keysTmp[:0], len(keys)))
-		for _, k := range keys {
-			order = append(order, int32(k&(1<<indexBits-1)))
-		}
-		r.keys = keys
-	} else {
-		for i, o := range owners {
-			if o != 0 {
-				order = append(order, int32(i))
-			}
-		}
-		slices.SortFunc(order, func(a, b int32) int { return cmp.Compare(owners[a], owners[b]) })
-	}
+	order := r.sort.appendOrder(slices.Grow(r.order[:0], len(names)), owners)
 	for lo := 0; lo < len(order); {
 		hi := lo + 1
 		for hi < len(order) && owners[order[hi]] == owners[order[lo]] {

@@ -51,10 +51,13 @@ type Visitor[T any] func(f *Function, dir Dir) (T, error)
 // of the names and paths that are as they were. The zero ScanBuffer is
 // ready to use; one ScanBuffer serves one scan at a time.
 type ScanBuffer[T any] struct {
-	bus     sysfs.Listing
-	addrs   []string // the bus's addresses, sorted
-	keys    []uint64 // for sorting addrs (busAddrs), and their scratch
-	keysTmp []uint64
+	bus   sysfs.Listing
+	addrs []string // the bus's addresses, sorted
+	// busAddrs': each entry's key (0: no address), their order, and the
+	// memory of ordering them.
+	owners  []ownerKey
+	order   []int32
+	sort    ownerOrder
 	netdevs ClassReader
 	fns     []Function
 	vals    []T
@@ -353,33 +356,20 @@ func (w *worker) scanOne(i int, f *Function, addr string) (bool, error) {
 	return true, nil
 }
 
-// busAddrs are the PCI addresses among a bus listing's entries, sorted.
-// Each is sorted as its key with its index below (as a class reading
-// sorts its entries): an address is twelve bytes that mostly share their
-// first eight, which a string sort compares again at every step. Keys
-// order as the addresses do.
+// busAddrs are the PCI addresses among a bus listing's entries, sorted
+// as their keys, which order as the addresses do (ownerOrder): an
+// address is twelve bytes that mostly share their first eight, which a
+// string sort compares again at every step.
 func (buf *ScanBuffer[T]) busAddrs(entries []string) []string {
-	keys := slices.Grow(buf.keys[:0], len(entries))
-	if len(entries) < 1<<indexBits {
-		for i, e := range entries {
-			if k, ok := keyOf(e); ok {
-				keys = append(keys, uint64(k)<<indexBits|uint64(i))
-			}
-		}
-		keys, buf.keysTmp = sortByOwner(keys, slices.Grow(buf.keysTmp[:0], len(keys)))
+	owners := resize(buf.owners, len(entries))
+	for i, e := range entries {
+		owners[i], _ = keyOf(e)
 	}
-	buf.keys = keys
-	addrs := slices.Grow(buf.addrs[:0], len(keys))
-	for _, k := range keys {
-		addrs = append(addrs, entries[k&(1<<indexBits-1)])
-	}
-	if len(entries) >= 1<<indexBits {
-		for _, e := range entries {
-			if ValidAddress(e) {
-				addrs = append(addrs, e)
-			}
-		}
-		slices.Sort(addrs)
+	buf.owners = owners
+	buf.order = buf.sort.appendOrder(slices.Grow(buf.order[:0], len(entries)), owners)
+	addrs := slices.Grow(buf.addrs[:0], len(buf.order))
+	for _, i := range buf.order {
+		addrs = append(addrs, entries[i])
 	}
 	clear(addrs[len(addrs):cap(addrs)])
 	buf.addrs = addrs
