@@ -421,23 +421,11 @@ func (n DevNodes) Len() int { return len(n.names) }
 
 // DevNodes lists the char devices present in <root>/dev/infiniband. A
 // missing directory is an empty set: the RDMA modules are not loaded.
+// It is a scan's reading of them (ScanIndex.readNodes), made once.
 func (r *Reader) DevNodes() (DevNodes, error) {
-	names, err := listDir(filepath.Join(r.root, DevDir))
-	if err != nil {
+	var idx ScanIndex
+	if err := idx.readNodes(filepath.Join(r.root, DevDir)); err != nil {
 		return DevNodes{}, err
 	}
-	return newDevNodes(names, DevNodes{}), nil
-}
-
-// listDir lists a directory, sorted; a missing directory is empty.
-func listDir(dir string) ([]string, error) {
-	d, err := sysfs.Open(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer d.Close()
-	return d.List(".")
+	return idx.nodes, nil
 }
