@@ -1,6 +1,7 @@
-// Package nic is the joined host view of a node's Mellanox/NVIDIA NIC
-// functions that the device plugin and the CNI share: every PF and VF (with
-// or without SR-IOV, bound to mlx5_core, vfio-pci or nothing) with its PF,
+// Package nic is the joined host view of a node's NIC functions that the
+// device plugin and the CNI share: every ConnectX PF and VF (with or
+// without SR-IOV, bound to mlx5_core, vfio-pci or nothing), and every other
+// vendor's SR-IOV PF and VF and function with an RDMA device, with its PF,
 // VF index, netdev, RDMA device and char devices, joined from pkg/pci and
 // pkg/rdma under an injected root.
 package nic
@@ -10,12 +11,12 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
-// Device is one Mellanox/NVIDIA NIC function (a PF or a VF) as discovery saw
+// Device is one NIC function (a PF or a VF) as discovery saw
 // it. Paths in CharDevices and VFIODevices are as seen on the host, without
 // any --host-root prefix.
 type Device struct {
 	PCIAddress string `json:"pciAddress"`
-	Vendor     string `json:"vendor"` // "15b3", no 0x
+	Vendor     string `json:"vendor"` // "15b3", "8086", no 0x
 	DeviceID   string `json:"device"` // "101e", no 0x
 	Class      string `json:"class"`  // "0x020700"
 	Model      string `json:"model,omitempty"`

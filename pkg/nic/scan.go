@@ -12,8 +12,8 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
-// Snapshot is one scan of a node: every Mellanox NIC function, sorted by
-// PCI address, and what discovery found missing.
+// Snapshot is one scan of a node: every NIC function it serves (see
+// Scanner.Scan), sorted by PCI address, and what discovery found missing.
 type Snapshot struct {
 	Devices []Device
 	// RDMACM is the node-wide RDMA connection manager device
@@ -33,7 +33,7 @@ func (s *Snapshot) Device(addr string) (*Device, bool) {
 	return nil, false
 }
 
-// Scanner discovers Mellanox NIC functions under a host root.
+// Scanner discovers NIC functions under a host root.
 type Scanner struct {
 	root  string
 	pci   *pci.Scanner
@@ -64,9 +64,20 @@ func NewScanner(root string, opts ...Option) *Scanner {
 // Root is the host root the scanner reads under.
 func (s *Scanner) Root() string { return s.root }
 
-func isMellanox(vendor string) bool { return vendor == pci.VendorMellanox }
+// isNIC keeps a scan to network functions (class Ethernet or InfiniBand)
+// of any vendor.
+func isNIC(f *pci.Function) bool { return f.IsNIC() }
 
-// Scan discovers every Mellanox NIC function. It makes no netlink call:
+// serves reports whether a scan hands out f, a network function, with
+// what its visit read: every ConnectX function (with or without SR-IOV,
+// as before vendors other than 15b3 were served), and of other vendors
+// the SR-IOV PFs and VFs and the functions with an RDMA device. A
+// management port without SR-IOV or RDMA is none of fastpath's business.
+func serves(f *pci.Function, v *visited) bool {
+	return f.IsConnectX() || f.IsVF() || v.sriov.TotalVFs > 0 || len(v.rdma) > 0
+}
+
+// Scan discovers every NIC function that serves accepts. It makes no netlink call:
 // everything comes from sysfs and one listing of /dev/infiniband. The RDMA
 // devices of each function are read while its directory is open, in the
 // PCI scan's parallel workers.
@@ -90,11 +101,8 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 		defer close(indexed)
 		idxErr = idx.Read(s.rdma, 2*runtime.GOMAXPROCS(0))
 	}()
-	fns, read, err := pci.ScanInto(s.pci, isMellanox, func(f *pci.Function, dir pci.Dir) (visited, error) {
+	fns, read, err := pci.ScanInto(s.pci, isNIC, func(f *pci.Function, dir pci.Dir) (visited, error) {
 		var v visited
-		if !f.IsNIC() {
-			return v, nil
-		}
 		if !f.IsVF() {
 			v.sriov, _ = sriov.ReadPF(dir)
 		}
@@ -128,9 +136,10 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 	var class map[string][]rdma.CharDevice
 	hasRDMA := false
 	lastPF := -1 // the last VF's PF, where FindNear looks first
+	var noRDMA rdmaMissing
 	for i := range fns {
 		f := &fns[i]
-		if !f.IsNIC() {
+		if !serves(f, &read[i]) {
 			continue
 		}
 		var pf *pci.Function
@@ -150,11 +159,15 @@ func (s *Scanner) Scan() (*Snapshot, error) {
 			}
 			devs[0].CharDevices = class[devs[0].Name]
 		}
-		d, warns := s.device(f, pf, read[i].sriov, vfIndex, devs, nodes, models)
+		d, warns, missing := s.device(f, pf, read[i].sriov, vfIndex, devs, nodes, models)
 		snap.Devices = append(snap.Devices, d)
 		snap.Warnings = append(snap.Warnings, warns...)
+		if missing {
+			noRDMA.add(f)
+		}
 		hasRDMA = hasRDMA || d.RDMADevice != ""
 	}
+	snap.Warnings = noRDMA.warnings(snap.Warnings)
 	if hasRDMA && snap.RDMACM == "" {
 		snap.Warnings = append(snap.Warnings, fmt.Sprintf("%s missing (is rdma_ucm loaded?)", rdma.RDMACMPath))
 	}
@@ -201,7 +214,7 @@ func (s *Scanner) Device(addr string) (Device, error) {
 		return Device{}, err
 	}
 	if !f.IsNIC() {
-		return Device{}, fmt.Errorf("pci %s: %s:%s class %s is not a Mellanox NIC function", addr, f.Vendor, f.Device, f.Class)
+		return Device{}, fmt.Errorf("pci %s: %s:%s class %s is not a network function (class 0x0200xx Ethernet or 0x0207xx InfiniBand)", addr, f.Vendor, f.Device, f.Class)
 	}
 	var pf *pci.Function
 	var sr sriov.PF
@@ -237,15 +250,20 @@ func (s *Scanner) Device(addr string) (Device, error) {
 	if err != nil {
 		return Device{}, err
 	}
-	d, _ := s.device(&f, pf, sr, vfIndex, devs, nodes, nil)
+	d, _, _ := s.device(&f, pf, sr, vfIndex, devs, nodes, nil)
 	return d, nil
 }
 
 // device joins what was read about one function: f, its PF (VFs), its
 // own SR-IOV capability sr (PFs), its index under its PF (VFs, -1 when
 // its PF does not list it) and its RDMA devices, which it takes over.
-// models, when not nil, keeps the model names a scan has looked up.
-func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []rdma.Device, nodes rdma.DevNodes, models map[[8]byte]string) (Device, []string) {
+// models, when not nil, keeps the model names a scan has looked up. The
+// third result reports a ConnectX function bound to its netdevice driver
+// without an RDMA device, which mlx5_ib gives every one: the caller
+// warns once per PF (rdmaMissing). Other vendors' functions without one
+// are plain Ethernet functions (igbvf has no RDMA at all); a pool that
+// asks for RDMA says so itself.
+func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []rdma.Device, nodes rdma.DevNodes, models map[[8]byte]string) (Device, []string, bool) {
 	d := Device{
 		PCIAddress: f.Address, Vendor: f.Vendor, DeviceID: f.Device, Class: f.Class,
 		Model: s.model(f.Vendor, f.Device, models), Driver: f.Driver, NUMANode: f.NUMANode,
@@ -287,17 +305,16 @@ func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []r
 		for _, p := range []string{"/dev/vfio/vfio", "/dev/vfio/" + f.IOMMUGroup} {
 			d.VFIODevices = append(d.VFIODevices, p)
 		}
-		return d, warns
+		return d, warns, false
 	case f.Driver == "":
 		warn("no driver bound")
-		return d, warns
+		return d, warns, false
 	}
 	if d.Netdev == "" {
 		warn("no netdev")
 	}
 	if len(devs) == 0 {
-		warn("no RDMA device (is mlx5_ib loaded?)")
-		return d, warns
+		return d, warns, f.IsConnectX()
 	}
 	if len(devs) > 1 {
 		var names []string
@@ -328,7 +345,46 @@ func (s *Scanner) device(f, pf *pci.Function, sr sriov.PF, vfIndex int, devs []r
 	if !hasUverbs {
 		warn("%s: no uverbs char device (is ib_uverbs loaded?)", r.Name)
 	}
-	return d, warns
+	return d, warns, false
+}
+
+// rdmaMissing gathers the ConnectX functions a scan found without an RDMA
+// device, by PF (a PF by its own address), in scan order: one cause, one
+// warning, not one per VF of a node whose mlx5_ib is not loaded.
+type rdmaMissing struct {
+	pfs   []string
+	funcs map[string][]string
+}
+
+func (m *rdmaMissing) add(f *pci.Function) {
+	pf := f.PhysFn
+	if pf == "" {
+		pf = f.Address
+	}
+	if m.funcs == nil {
+		m.funcs = map[string][]string{}
+	}
+	if _, ok := m.funcs[pf]; !ok {
+		m.pfs = append(m.pfs, pf)
+	}
+	m.funcs[pf] = append(m.funcs[pf], f.Address)
+}
+
+// warnings appends one warning per PF to warns.
+func (m *rdmaMissing) warnings(warns []string) []string {
+	for _, pf := range m.pfs {
+		fns := m.funcs[pf]
+		if len(fns) == 1 {
+			warns = append(warns, fns[0]+": no RDMA device (is mlx5_ib loaded?)")
+			continue
+		}
+		list := strings.Join(fns[:min(len(fns), 4)], ", ")
+		if len(fns) > 4 {
+			list += fmt.Sprintf(" and %d more", len(fns)-4)
+		}
+		warns = append(warns, fmt.Sprintf("%s: %d functions of this PF have no RDMA device (%s): is mlx5_ib loaded?", pf, len(fns), list))
+	}
+	return warns
 }
 
 // classLinkType is the link type f's PCI class gives: a ConnectX port's

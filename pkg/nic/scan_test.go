@@ -126,7 +126,7 @@ func TestDeviceOne(t *testing.T) {
 	require.Equal(t, "mlx5_7", d.RDMADevice)
 
 	_, err = sc.Device("0000:3a:00.0")
-	require.ErrorContains(t, err, "not a Mellanox NIC function")
+	require.ErrorContains(t, err, "8086:347a class 0x060400 is not a network function")
 	_, err = sc.Device("0000:3b:00.1/../..")
 	require.ErrorContains(t, err, "not a PCI address")
 }
@@ -273,4 +273,63 @@ func TestLinkTypeFromClass(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want, one.LinkType, addr)
 	}
+}
+
+// A node with NICs of three vendors: discovery serves every SR-IOV PF and
+// VF whatever its vendor, leaves out a NIC without SR-IOV or RDMA (the
+// node's management port), and says once per PF, not once per VF, that
+// ConnectX functions lack their RDMA devices.
+func TestScanAnyVendor(t *testing.T) {
+	root := t.TempDir()
+	b, err := fixture.NewBuilder(root)
+	require.NoError(t, err)
+	vfs := func(vendor, device, driver string, bus, n int) []fixture.Function {
+		var out []fixture.Function
+		for i := range n {
+			out = append(out, fixture.Function{Address: fixture.PCIAddress(0, bus, 0x10, 2*i), Vendor: vendor, Device: device,
+				Class: "0x020000", Driver: driver, IOMMUGroup: 40 + bus + i,
+				Netdevs: []fixture.Netdev{{Name: fmt.Sprintf("eth%d", bus*8+i), MAC: fixture.MAC(bus, i)}}})
+		}
+		return out
+	}
+	// igb's 82576: VFs at devfn 10.0, 10.2, ... (sriov_offset 0x80, stride 2).
+	require.NoError(t, b.Add(fixture.Function{Address: "0000:01:00.0", Vendor: "8086", Device: "10c9", Class: "0x020000",
+		Driver: "igb", Parent: "pci0000:00", IOMMUGroup: 10, TotalVFs: 7, SRIOVOffset: 0x80, SRIOVStride: 2,
+		Netdevs: []fixture.Netdev{{Name: "enp1s0", MAC: fixture.MAC(1, 0)}},
+		VFs:     vfs("8086", "10ca", "igbvf", 1, 2)}))
+	// A management port: an Intel NIC without SR-IOV or RDMA.
+	require.NoError(t, b.Add(fixture.Function{Address: "0000:02:00.0", Vendor: "8086", Device: "15b8", Class: "0x020000",
+		Driver: "e1000e", Parent: "pci0000:00", IOMMUGroup: 11, Netdevs: []fixture.Netdev{{Name: "eno1", MAC: fixture.MAC(2, 0)}}}))
+	// A ConnectX PF and two VFs without mlx5_ib.
+	require.NoError(t, b.Add(fixture.Function{Address: "0000:03:00.0", Vendor: "15b3", Device: "101d", Class: "0x020000",
+		Driver: "mlx5_core", Parent: "pci0000:00", IOMMUGroup: 12, TotalVFs: 8, SRIOVOffset: 0x80, SRIOVStride: 2,
+		Netdevs: []fixture.Netdev{{Name: "enp3s0f0np0", MAC: fixture.MAC(3, 0)}},
+		VFs:     vfs("15b3", "101e", "mlx5_core", 3, 2)}))
+
+	s, err := nic.NewScanner(root).Scan()
+	require.NoError(t, err)
+	var addrs []string
+	for _, d := range s.Devices {
+		addrs = append(addrs, d.PCIAddress)
+	}
+	require.Equal(t, []string{"0000:01:00.0", "0000:01:10.0", "0000:01:10.2", "0000:03:00.0", "0000:03:10.0", "0000:03:10.2"}, addrs,
+		"the SR-IOV PFs and VFs of both vendors, not the management port")
+	vf := dev(t, s, "0000:01:10.2")
+	require.Equal(t, "8086", vf.Vendor)
+	require.Equal(t, "igbvf", vf.Driver)
+	require.Equal(t, "0000:01:00.0", vf.PFAddress)
+	require.Equal(t, 1, vf.VFIndex)
+	require.Equal(t, "eth9", vf.Netdev)
+	require.Equal(t, "enp1s0", vf.PFNetdev)
+	require.Equal(t, "Ethernet", vf.LinkType)
+	require.Empty(t, vf.RDMADevice)
+	require.Equal(t, 7, dev(t, s, "0000:01:00.0").TotalVFs)
+	require.Equal(t, []string{
+		"0000:03:00.0: 3 functions of this PF have no RDMA device (0000:03:00.0, 0000:03:10.0, 0000:03:10.2): is mlx5_ib loaded?",
+	}, s.Warnings, "igb functions have no RDMA and need none; the ConnectX ones get one warning")
+
+	d, err := nic.NewScanner(root).Device("0000:01:10.0")
+	require.NoError(t, err)
+	require.Equal(t, "igbvf", d.Driver)
+	require.Equal(t, 0, d.VFIndex)
 }

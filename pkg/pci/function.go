@@ -84,18 +84,15 @@ func (m interned) of(b []byte) string {
 
 // readIDs reads vendor, device, class and driver: from uevent, the
 // kernel's one-read summary, or attribute by attribute from a tree without
-// it. It reports false when keep rejects the vendor. str makes the
-// strings (a scan worker interns them).
-func (f *Function) readIDs(dir sysfs.Dir, keep func(string) bool, str interned) (bool, error) {
+// it. It reports false when keep rejects the function by them. str makes
+// the strings (a scan worker interns them).
+func (f *Function) readIDs(dir sysfs.Dir, keep func(*Function) bool, str interned) (bool, error) {
 	if f.fromUevent(dir, str) {
-		return keep == nil || keep(f.Vendor), nil
+		return keep == nil || keep(f), nil
 	}
 	var err error
 	if f.Vendor, err = readHex(dir, "vendor"); err != nil {
 		return false, fmt.Errorf("pci %s: read vendor: %w", f.Address, err)
-	}
-	if keep != nil && !keep(f.Vendor) {
-		return false, nil
 	}
 	if f.Device, err = readHex(dir, "device"); err != nil {
 		return false, fmt.Errorf("pci %s: read device: %w", f.Address, err)
@@ -106,7 +103,7 @@ func (f *Function) readIDs(dir sysfs.Dir, keep func(string) bool, str interned) 
 	if drv, err := dir.Readlink("driver"); err == nil {
 		f.Driver = filepath.Base(drv)
 	}
-	return true, nil
+	return keep == nil || keep(f), nil
 }
 
 // readPhysFn reads the physfn link a VF has to its PF ("../0000:18:00.0").

@@ -68,12 +68,16 @@ func (f *Function) IsEthernet() bool { return strings.HasPrefix(f.Class, ClassEt
 // (0x0207xx). A ConnectX port's class follows its configured link type.
 func (f *Function) IsInfiniBand() bool { return strings.HasPrefix(f.Class, ClassInfiniBand) }
 
-// IsNIC reports whether f is a Mellanox/NVIDIA network function: vendor
-// 15b3 and class Ethernet or InfiniBand. ConnectX and BlueField PCIe
-// bridges and management functions share the vendor ID and are not NICs.
-func (f *Function) IsNIC() bool {
-	return f.Vendor == VendorMellanox && (f.IsEthernet() || f.IsInfiniBand())
-}
+// IsNIC reports whether f is a network function of any vendor: class
+// Ethernet or InfiniBand controller. NIC vendors' PCIe bridges and
+// management functions (ConnectX and BlueField bridges) have other
+// classes.
+func (f *Function) IsNIC() bool { return f.IsEthernet() || f.IsInfiniBand() }
+
+// IsConnectX reports whether f is a Mellanox/NVIDIA NIC function (vendor
+// 15b3: ConnectX, BlueField), the one family with the mlx5-only features:
+// InfiniBand GUIDs, shared HCA pools, the mlx5 VF count change.
+func (f *Function) IsConnectX() bool { return f.Vendor == VendorMellanox && f.IsNIC() }
 
 // ErrNotFound is returned for a PCI address with no function under the root.
 var ErrNotFound = errors.New("no such PCI function")

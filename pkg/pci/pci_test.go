@@ -56,20 +56,28 @@ func TestScanDGX(t *testing.T) {
 	// The GPU shares the PCIe switch upstream port with rail 0's NIC.
 	require.Equal(t, "0000:16:00.0", gpu.Bridges[1])
 
-	nics := 0
+	nics, connectx := 0, 0
 	for _, f := range fns {
 		if f.IsNIC() {
 			nics++
 		}
+		if f.IsConnectX() {
+			connectx++
+		}
 	}
-	require.Equal(t, 8+8*fixture.DGXVFsPerRail+4, nics)
+	require.Equal(t, 8+8*fixture.DGXVFsPerRail+4, connectx)
+	// The two E810 ports of the management network are NICs too.
+	require.Equal(t, connectx+2, nics)
+	ice := m["0000:0c:00.0"]
+	require.False(t, ice.IsConnectX())
+	require.True(t, ice.IsNIC())
 
 	rail7 := m["0000:dc:00.0"]
 	require.Equal(t, 1, rail7.NUMANode)
 }
 
 func TestScanEdge(t *testing.T) {
-	fns, err := pci.New(fixtureRoot("edge")).Scan(func(v string) bool { return v == pci.VendorMellanox })
+	fns, err := pci.New(fixtureRoot("edge")).Scan(func(f *pci.Function) bool { return f.Vendor == pci.VendorMellanox })
 	require.NoError(t, err)
 	m := byAddr(t, fns)
 	_, intel := m["0000:31:00.0"]

@@ -13,9 +13,10 @@ import (
 	"github.com/fastpath-k8s/fastpath/internal/sysfs"
 )
 
-// Scan returns every function whose vendor keep accepts (nil keeps all),
-// sorted by address. VFs take their PF's NUMA node.
-func (s *Scanner) Scan(keep func(vendor string) bool) ([]Function, error) {
+// Scan returns every function that keep accepts by its IDs, class and
+// driver (nil keeps all), sorted by address. VFs take their PF's NUMA
+// node.
+func (s *Scanner) Scan(keep func(*Function) bool) ([]Function, error) {
 	fns, _, err := ScanInto(s, keep, nil, new(ScanBuffer[struct{}]))
 	return fns, err
 }
@@ -76,7 +77,7 @@ type ScanBuffer[T any] struct {
 // periodic update), so it reads each function with as few system calls as
 // the kernel's layout allows (see scanOne) and allocates little: the
 // garbage of a scan costs a 2-CPU node as much as a tenth of its reads.
-func ScanInto[T any](s *Scanner, keep func(vendor string) bool, visit Visitor[T], buf *ScanBuffer[T]) ([]Function, []T, error) {
+func ScanInto[T any](s *Scanner, keep func(*Function) bool, visit Visitor[T], buf *ScanBuffer[T]) ([]Function, []T, error) {
 	bus, err := sysfs.Open(s.devicesDir())
 	if err != nil {
 		return nil, nil, fmt.Errorf("list pci devices: %w", err)
@@ -247,7 +248,7 @@ func cleanRelative(p []byte) bool {
 type worker struct {
 	s    *Scanner
 	bus  sysfs.Dir
-	keep func(string) bool
+	keep func(*Function) bool
 	// visit is called with f's index in the bus listing.
 	visit   func(i int, f *Function, dir Dir) error
 	netdevs ClassLinks // with the owners' directories
@@ -266,7 +267,7 @@ type parentDir struct {
 	pcieRoot string
 }
 
-func newWorker(s *Scanner, bus sysfs.Dir, keep func(string) bool, visit func(int, *Function, Dir) error, netdevs ClassLinks) *worker {
+func newWorker(s *Scanner, bus sysfs.Dir, keep func(*Function) bool, visit func(int, *Function, Dir) error, netdevs ClassLinks) *worker {
 	return &worker{s: s, bus: bus, keep: keep, visit: visit, netdevs: netdevs,
 		parents: map[string]*parentDir{}, strs: interned{}}
 }
@@ -294,9 +295,9 @@ func (w *worker) parent(path string) (*parentDir, error) {
 }
 
 // scanOne reads one function for a node scan into f; false when keep
-// rejects its vendor. It finds the function's directory, then reads
-// uevent from the function's parent directory, so a function of another
-// vendor costs a readlink and one file. A VF (it has a physfn link) reads
+// rejects it. It finds the function's directory, then reads uevent from
+// the function's parent directory, so a function that is not kept (a
+// bridge, a GPU) costs a readlink and one file. A VF (it has a physfn link) reads
 // nothing more of its own: ScanInto gives it its PF's NUMA node. Netdevs
 // come from the class links; the IOMMU group is read only for vfio-pci.
 //

@@ -87,7 +87,7 @@ func Build(cfg *Config, devices []nic.Device, opts ...BuildOption) ([]Pool, []st
 			case !d.IsVF() && d.NumVFs > 0:
 				continue // a PF whose VFs are in use is not handed out whole
 			case d.Driver == "":
-				warns = append(warns, fmt.Sprintf("%s: %s is selected but bound to no driver: left out (bind it to mlx5_core or vfio-pci)", r.ResourceName(), d.PCIAddress))
+				warns = append(warns, fmt.Sprintf("%s: %s is selected but bound to no driver: left out (bind it to its netdevice driver, e.g. mlx5_core or iavf, or to vfio-pci)", r.ResourceName(), d.PCIAddress))
 				continue
 			case d.Netdev != "" && o.hostRoutes[d.Netdev]:
 				warns = append(warns, fmt.Sprintf("%s: %s is selected but its netdev %s carries the node's default route: left out (a pod given it would take the node's own network)", r.ResourceName(), d.PCIAddress, d.Netdev))
@@ -115,13 +115,17 @@ func Build(cfg *Config, devices []nic.Device, opts ...BuildOption) ([]Pool, []st
 			continue
 		}
 		matched = matched[:0]
+		var noRDMA []string // selected functions without an RDMA device
+		hint := ""
 		for j := range devices {
 			d := &devices[j]
 			if !p.matches(d) {
 				continue
 			}
 			if d.RDMADevice == "" {
-				warns = append(warns, fmt.Sprintf("%s: %s is selected but has no RDMA device: left out (is mlx5_ib loaded?)", p.ResourceName(), d.PCIAddress))
+				if noRDMA = append(noRDMA, d.PCIAddress); hint == "" {
+					hint = nic.RDMAHint(d.Driver)
+				}
 				continue
 			}
 			if prev := owner[j]; prev != "" {
@@ -131,6 +135,10 @@ func Build(cfg *Config, devices []nic.Device, opts ...BuildOption) ([]Pool, []st
 			matched = append(matched, j)
 		}
 		p.Devices = take(devices, matched)
+		if len(noRDMA) > 0 {
+			warns = append(warns, fmt.Sprintf("%s: %s selected but without an RDMA device: left out (%s; %s)",
+				p.ResourceName(), countFunctions(len(noRDMA)), listAddrs(noRDMA, 4), hint))
+		}
 	}
 	for i := range pools {
 		if len(pools[i].Devices) == 0 {
@@ -218,4 +226,20 @@ func inSets(sets []VFSet, d *nic.Device, pf func(*nic.Device) string) bool {
 		}
 	}
 	return false
+}
+
+// countFunctions is "1 function is" or "n functions are".
+func countFunctions(n int) string {
+	if n == 1 {
+		return "1 function is"
+	}
+	return fmt.Sprintf("%d functions are", n)
+}
+
+// listAddrs joins at most max addresses, then says how many more.
+func listAddrs(addrs []string, max int) string {
+	if len(addrs) <= max {
+		return strings.Join(addrs, ", ")
+	}
+	return strings.Join(addrs[:max], ", ") + fmt.Sprintf(" and %d more", len(addrs)-max)
 }

@@ -29,7 +29,7 @@ var (
 		"selectorobjs":   {"SelectorObjs is sriov-network-device-plugin's internal field, not configuration; give the selectors in selectors", "null"},
 	}
 	unsupportedSelector = map[string]unsupportedKey{
-		"ddpprofiles":  {"ddpProfiles select Intel DDP profiles and can never match a Mellanox/NVIDIA function", "[]"},
+		"ddpprofiles":  {"ddpProfiles is not supported: fastpath does not read Intel DDP profiles", "[]"},
 		"needvhostnet": {"needVhostNet is not supported: fastpath does not hand out /dev/vhost-net", "false"},
 		"vdpatype":     {"vdpaType is not supported: fastpath does not hand out vDPA devices", `""`},
 		"pkeys":        {"pKeys is not supported: partition keys are not read during discovery", "[]"},

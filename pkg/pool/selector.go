@@ -13,7 +13,7 @@ import (
 // Selector matches functions; every field that is set must match (a field
 // matches when any of its values does).
 type Selector struct {
-	Vendors      []string // "15b3"
+	Vendors      []string // "15b3", "8086"
 	Devices      []string // PCI device IDs, "101e"
 	Drivers      []string
 	PCIAddresses []string
@@ -59,6 +59,12 @@ var notDrivers = map[string]string{
 	"ib_core":   "ib_core is the RDMA core module, not a PCI driver",
 	"rdma_ucm":  "rdma_ucm is the RDMA CM module, not a PCI driver",
 	"mlx4_ib":   "mlx4_ib is the RDMA module, not a PCI driver",
+	// The RDMA drivers of other vendors bind to auxiliary devices of
+	// their NIC driver's (ice, bnxt_en), never to a PCI function.
+	"irdma":    "irdma is Intel's RDMA module (an auxiliary driver of ice), not a PCI driver",
+	"bnxt_re":  "bnxt_re is Broadcom's RDMA module (an auxiliary driver of bnxt_en), not a PCI driver",
+	"rdma_rxe": "rdma_rxe is soft-RoCE over a netdev, not a PCI driver",
+	"siw":      "siw is soft-iWARP over a netdev, not a PCI driver",
 }
 
 func selector(f map[string]*value, cfg *Config) (Selector, error) {
@@ -68,17 +74,12 @@ func selector(f map[string]*value, cfg *Config) (Selector, error) {
 		if s.Vendors, err = hexIDs(v); err != nil {
 			return s, err
 		}
-		mellanox := false
-		for _, id := range s.Vendors {
-			if id == pci.VendorMellanox {
-				mellanox = true
+		for i, id := range s.Vendors {
+			// PCI reserves both: 0xffff is what a read of an absent
+			// function returns, 0x0000 no vendor has.
+			if id == "ffff" || id == "0000" {
+				return s, fmt.Errorf("%s[%d]: %q can never match: no PCI function has vendor ID %s (want the NIC's vendor, e.g. 15b3 Mellanox/NVIDIA, 8086 Intel, 14e4 Broadcom)", v.path, i, id, id)
 			}
-		}
-		if !mellanox {
-			return s, fmt.Errorf("%s: %q can never match: fastpath serves Mellanox/NVIDIA NIC functions only (vendor 15b3)", v.path, s.Vendors)
-		}
-		if len(s.Vendors) > 1 {
-			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s: only vendor 15b3 can match; the others are ignored", v.path))
 		}
 	}
 	for _, k := range []string{"devices", "deviceIDs"} {
@@ -94,7 +95,7 @@ func selector(f map[string]*value, cfg *Config) (Selector, error) {
 		}
 		for i, d := range s.Drivers {
 			if why, ok := notDrivers[d]; ok {
-				return s, fmt.Errorf("%s[%d]: %q can never match: %s; Mellanox VFs are bound to mlx5_core (or vfio-pci for DPDK)", v.path, i, d, why)
+				return s, fmt.Errorf("%s[%d]: %q can never match: %s; a VF is bound to its netdevice driver (mlx5_core, iavf, igbvf, bnxt_en) or to vfio-pci (DPDK)", v.path, i, d, why)
 			}
 			if d == "" {
 				return s, fmt.Errorf("%s[%d]: empty driver name", v.path, i)

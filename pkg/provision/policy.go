@@ -21,7 +21,6 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 
@@ -372,8 +371,8 @@ func checkNicSelector(n *nicSelector, p *Policy) error {
 	}
 	if n.Vendor != "" {
 		v := strings.ToLower(strings.TrimPrefix(n.Vendor, "0x"))
-		if v != pci.VendorMellanox {
-			return fmt.Errorf("vendor %q: fastpath provisions Mellanox/NVIDIA NICs only (15b3)", n.Vendor)
+		if len(v) != 4 || strings.Trim(v, "0123456789abcdef") != "" || v == "ffff" || v == "0000" {
+			return fmt.Errorf("vendor %q: want the PF's 4-digit hex PCI vendor ID, e.g. 15b3 (Mellanox/NVIDIA), 8086 (Intel), 14e4 (Broadcom)", n.Vendor)
 		}
 		p.Vendor = v
 	}

@@ -43,6 +43,17 @@ func TestLoadManyPolicies(t *testing.T) {
 	require.Equal(t, "0000:10:00.0", ps[0].RootDevices[0].PF)
 }
 
+// An operator policy for an Intel or Broadcom NIC loads as it is: the
+// SR-IOV Network Operator takes any vendor, and so does fastpath.
+func TestParseAnyVendor(t *testing.T) {
+	for _, vendor := range []string{"8086", "0x14E4", "15b3"} {
+		doc := "metadata: {name: p}\nspec:\n  resourceName: r\n  numVfs: 4\n  nicSelector: {vendor: '" + vendor + "', pfNames: ['ens1f0#0-1']}\n"
+		ps, err := provision.Parse([]byte(doc), "p.yaml")
+		require.NoError(t, err, vendor)
+		require.Equal(t, strings.ToLower(strings.TrimPrefix(vendor, "0x")), ps[0].Vendor)
+	}
+}
+
 func TestParseRefuses(t *testing.T) {
 	base := func(spec string) string {
 		return "metadata: {name: p}\nspec:\n  resourceName: r\n" + spec
@@ -61,7 +72,8 @@ func TestParseRefuses(t *testing.T) {
 		{"rdma vfio", base("  numVfs: 2\n  nicSelector: {vendor: '15b3'}\n  deviceType: vfio-pci\n  isRdma: true\n"), "isRdma with deviceType vfio-pci"},
 		{"device type", base("  numVfs: 2\n  nicSelector: {vendor: '15b3'}\n  deviceType: accelerator\n"), "deviceType \"accelerator\""},
 		{"range beyond numVfs", base("  numVfs: 4\n  nicSelector: {pfNames: ['ens1#2-5']}\n"), "VF 5 is not below numVfs 4"},
-		{"intel", base("  numVfs: 2\n  nicSelector: {vendor: '8086'}\n"), "Mellanox/NVIDIA NICs only"},
+		{"reserved vendor", base("  numVfs: 2\n  nicSelector: {vendor: '0xffff'}\n"), `vendor "0xffff": want the PF's 4-digit hex PCI vendor ID`},
+		{"vendor not hex", base("  numVfs: 2\n  nicSelector: {vendor: 'intel'}\n"), `vendor "intel"`},
 		{"empty selector", base("  numVfs: 2\n  nicSelector: {}\n"), "is empty"},
 		{"priority", base("  numVfs: 2\n  priority: 100\n  nicSelector: {vendor: '15b3'}\n"), "priority 100"},
 		{"linkType", base("  numVfs: 2\n  linkType: roce\n  nicSelector: {vendor: '15b3'}\n"), "linkType \"roce\""},

@@ -50,7 +50,7 @@ func distance(g *pci.Function, d *nic.Device) int {
 // memory.
 func (h *host) checkGPUs() {
 	const name = "gpu-affinity"
-	fns, err := pci.New(h.root).Scan(func(v string) bool { return v == VendorNVIDIA })
+	fns, err := pci.New(h.root).Scan(func(f *pci.Function) bool { return f.Vendor == VendorNVIDIA })
 	if err != nil {
 		h.addf(name, Skip, "", "", "cannot list GPUs: %v", err)
 		return
