@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short lint fmt vet bench discover demo rdma-check e2e e2e-cluster image-tar fixtures clean soak fuzz
+.PHONY: all build cross portable test test-short lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-kernel image-tar fixtures clean soak fuzz
 
 all: lint build test
 
@@ -86,6 +86,15 @@ e2e:
 # Shares .e2e-work with make e2e. See test/e2e-cluster/README.md.
 e2e-cluster:
 	test/e2e-cluster/run.sh
+
+# fastpath inside a real Linux kernel (root): QEMU (>= 8.0, from
+# bookworm-backports) boots Debian's 6.12 kernel with emulated SR-IOV NICs
+# (igb, 7 VFs per PF) and an IOMMU; provisioning, discovery and serve, the
+# CNI (SIGKILLs included) and rdma_rxe run on it, one PASS/FAIL line per
+# check. Skips, saying why, where QEMU or the kernel cannot be had. Caches
+# in .e2e-work/kernel (WORK=DIR: DIR/kernel). See test/e2e-kernel/README.md.
+e2e-kernel:
+	test/e2e-kernel/run.sh
 
 # The fastpath image without a Docker engine: bin/fastpath-image.tar, for
 # docker load, podman load or ctr -n k8s.io images import. IMAGE= names it.
