@@ -31,7 +31,10 @@ type Kernel interface {
 	SetVFGUID(pf, pfNetdev string, vf int, guid net.HardwareAddr) error
 	// Unbind unbinds a function from its driver.
 	Unbind(addr string) error
-	// Bind binds a function to driver (driver_override, drivers_probe).
+	// Bind binds a function to driver through driver_override and
+	// drivers_probe; DriverByID clears the override, and the PCI core
+	// then probes the VF for the driver its IDs match only while its
+	// PF's sriov_drivers_autoprobe is 1 (the plan's steps see to that).
 	Bind(addr, driver string) error
 	// SetMTU sets a netdev's MTU.
 	SetMTU(netdev string, mtu int) error
@@ -50,6 +53,10 @@ type Record struct {
 	// Done is how many of the plan's steps had run when last written.
 	Done  int      `json:"done"`
 	Steps []string `json:"steps"`
+	// Autoprobe is the PF's sriov_drivers_autoprobe before the run
+	// changed it, which a run that resumes leaves it with (the steps set
+	// it to 0 and 1 on the way).
+	Autoprobe *bool `json:"autoprobe,omitempty"`
 }
 
 // DefaultStateDir is where the records go on a node.
@@ -190,7 +197,7 @@ func (a *Applier) removeRecord(pf string) error {
 }
 
 func (a *Applier) applyPF(ctx context.Context, pf *PF) error {
-	rec := &Record{PF: pf.Address, Policy: pf.Policy, From: pf.NumVFs, Want: pf.Want, Started: time.Now().UTC()}
+	rec := &Record{PF: pf.Address, Policy: pf.Policy, From: pf.NumVFs, Want: pf.Want, Started: time.Now().UTC(), Autoprobe: &pf.Autoprobe}
 	for _, s := range pf.Steps {
 		rec.Steps = append(rec.Steps, s.String())
 	}
@@ -307,14 +314,18 @@ func (a *Applier) wait(ctx context.Context, addr string, s Step, deadline time.T
 		return err == nil && len(ents) > 0
 	}
 	ready := func() (bool, string) {
+		l, err := os.Readlink(filepath.Join(dir, "driver"))
+		bound := "not bound to any driver: is the driver its IDs match loaded?"
+		if err == nil {
+			bound = "bound to " + filepath.Base(l)
+		}
 		switch s.Drv {
 		case DriverVFIO:
-			l, err := os.Readlink(filepath.Join(dir, "driver"))
-			return err == nil && filepath.Base(l) == DriverVFIO, "bound to vfio-pci"
+			return err == nil && filepath.Base(l) == DriverVFIO, "bound to vfio-pci (it is " + bound + ")"
 		case "netdev+rdma":
-			return has("net") && has("infiniband"), "a netdev and an RDMA device (are mlx5_core and mlx5_ib loaded?)"
+			return has("net") && has("infiniband"), "a netdev and an RDMA device (it is " + bound + "; is its RDMA driver loaded?)"
 		}
-		return has("net"), "a netdev (is mlx5_core loaded?)"
+		return has("net"), "a netdev (it is " + bound + ")"
 	}
 	t := time.NewTicker(a.poll())
 	defer t.Stop()

@@ -78,10 +78,15 @@ func TestApplyCreatesVFsAndIsIdempotent(t *testing.T) {
 	for _, s := range pf.Steps {
 		kinds = append(kinds, s.Kind)
 	}
+	// Autoprobe off while the VFs are made and their GUIDs set; on for
+	// the binds, so that the PCI core probes them by their IDs.
 	require.Equal(t, []provision.StepKind{provision.StepAutoprobe, provision.StepNumVFs,
-		provision.StepGUID, provision.StepBind, provision.StepWait, provision.StepGUID, provision.StepBind, provision.StepWait,
-		provision.StepGUID, provision.StepBind, provision.StepWait, provision.StepGUID, provision.StepBind, provision.StepWait,
-		provision.StepAutoprobe}, kinds)
+		provision.StepGUID, provision.StepGUID, provision.StepGUID, provision.StepGUID, provision.StepAutoprobe,
+		provision.StepBind, provision.StepWait, provision.StepBind, provision.StepWait,
+		provision.StepBind, provision.StepWait, provision.StepBind, provision.StepWait}, kinds)
+	require.Equal(t, 0, pf.Steps[0].N)
+	require.Equal(t, 1, pf.Steps[6].N)
+	require.Equal(t, provision.DriverByID, pf.Steps[7].Drv)
 
 	state := t.TempDir()
 	res, err := applier(root, k, state).Apply(context.Background(), plan)
@@ -299,6 +304,55 @@ func TestCrashHalfWayIsRepaired(t *testing.T) {
 	require.Zero(t, provision.NewPlan(ps, node(t, root)).Changes())
 }
 
+// A run stopped half way while autoprobe was on for the binds leaves the
+// PF's sriov_drivers_autoprobe as its record says the run found it: 0
+// here (an admin's), put back by the run that resumes; a record that does
+// not say (a torn one) gives the kernel's default, 1.
+func TestCrashHalfWayLeavesAutoprobeAsFound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		torn bool
+		want string
+	}{{"record says 0", false, "0"}, {"torn record", true, "1"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := emptyHost(t, 1, 8)
+			autoprobe := filepath.Join(root, "sys/bus/pci/devices/0000:10:00.0/sriov_drivers_autoprobe")
+			require.NoError(t, os.WriteFile(autoprobe, []byte("0\n"), 0o644))
+			state := t.TempDir()
+			k := provisiontest.New(root)
+			ps := policies(t, twoRails)
+			k.FailNext("Bind", errors.New("killed"))
+			_, err := applier(root, k, state).Apply(context.Background(), provision.NewPlan(ps, node(t, root)))
+			require.ErrorContains(t, err, "killed")
+			b, err := os.ReadFile(autoprobe)
+			require.NoError(t, err)
+			require.Equal(t, "1\n", string(b), "on for the binds when the run stopped")
+			if tc.torn {
+				require.NoError(t, os.WriteFile(filepath.Join(state, "0000:10:00.0.json"), []byte("{"), 0o600))
+			}
+			recs, err := provision.LoadRecords(state)
+			require.NoError(t, err)
+
+			n := node(t, root)
+			n.Records = recs
+			_, err = applier(root, k, state).Apply(context.Background(), provision.NewPlan(ps, n))
+			require.NoError(t, err)
+			b, err = os.ReadFile(autoprobe)
+			require.NoError(t, err)
+			require.Equal(t, tc.want+"\n", string(b))
+			snap, err := nic.NewScanner(root).Scan()
+			require.NoError(t, err)
+			for i := 0; i < 4; i++ {
+				d, ok := snap.Device(fixture.VFAddress(0x10, i))
+				require.True(t, ok)
+				require.Equal(t, "mlx5_core", d.Driver)
+				require.NotEmpty(t, d.Netdev)
+			}
+			require.Zero(t, provision.NewPlan(ps, node(t, root)).Changes())
+		})
+	}
+}
+
 func TestWaitTimesOut(t *testing.T) {
 	root := emptyHost(t, 1, 8)
 	k := provisiontest.New(root)
@@ -322,7 +376,7 @@ spec: {resourceName: r, numVfs: 2, isRdma: true, nicSelector: {pfNames: [ibp16s0
 `
 	plan := provision.NewPlan(policies(t, doc), node(t, root))
 	require.Equal(t, "02:00:00:00:00:00:00:aa", plan.PFs[0].Steps[2].GUID.String())
-	require.Equal(t, provision.DeriveGUID([]byte{0xb8, 0x3f, 0xd2, 0x03, 0, 0x10, 0, 0}, 1).String(), plan.PFs[0].Steps[5].GUID.String())
+	require.Equal(t, provision.DeriveGUID([]byte{0xb8, 0x3f, 0xd2, 0x03, 0, 0x10, 0, 0}, 1).String(), plan.PFs[0].Steps[3].GUID.String())
 }
 
 func TestDeriveGUID(t *testing.T) {

@@ -14,8 +14,20 @@ import (
 )
 
 // DriverNetdevice is the driver a netdevice VF of a ConnectX PF is bound
-// to.
+// to. Provisioning does not bind by this name (see DriverByID); the pools
+// a policy feeds select by it.
 const DriverNetdevice = "mlx5_core"
+
+// DriverByID, as the driver of a bind step, is the driver the kernel
+// matches for the VF by its vendor and device IDs, whichever it is
+// (igbvf, iavf, bnxt_en, mlx5_core, …): the VF is probed with its
+// driver_override clear while its PF's sriov_drivers_autoprobe is 1, so
+// that the PCI core lets the drivers' own ID tables choose
+// (pci_device_can_probe, drivers/pci/pci-driver.c). Sysfs shows no
+// driver's ID table, so the name cannot be found beforehand, and a
+// driver_override naming a driver would bind it even to IDs it does not
+// list (pci_match_device gives such a driver a dummy ID).
+const DriverByID = ""
 
 // DriverVFIO is the driver of a vfio-pci VF.
 const DriverVFIO = pci.DriverVFIO
@@ -59,16 +71,20 @@ func (g *Group) contains(i int) bool { return pool.VFSet{Ranges: g.Ranges}.Conta
 
 // PF is the plan for one PF that a policy selects.
 type PF struct {
-	Address, Netdev, DeviceID string
-	LinkType                  string // rdma.LinkLayer… of the PF
-	TotalVFs, NumVFs          int    // what the PF has now
-	Want                      int    // numVfs of the policy that owns it
+	Address, Netdev, Vendor, DeviceID string
+	LinkType                          string // rdma.LinkLayer… of the PF
+	TotalVFs, NumVFs                  int    // what the PF has now
+	Want                              int    // numVfs of the policy that owns it
 	// Policy owns the PF (sets Want and MTU); Priority is its priority.
 	Policy   string
 	Priority int
 	Groups   []Group
 	MTU      int
 	External bool // externallyManaged: nothing is written
+	// Autoprobe is the sriov_drivers_autoprobe the PF is left with: as
+	// found, or, after an interrupted run, as that run's record says it
+	// was found (1, the kernel's default, for a record that does not say).
+	Autoprobe bool
 	// Steps change the PF to what the policy wants, in order; none when
 	// it is there already, or when Refused.
 	Steps []Step
@@ -213,7 +229,7 @@ func NewPlan(policies []Policy, node Node) *Plan {
 			pf := byAddr[d.PCIAddress]
 			switch {
 			case pf == nil:
-				pf = &PF{Address: d.PCIAddress, Netdev: d.Netdev, DeviceID: d.DeviceID, LinkType: d.LinkType,
+				pf = &PF{Address: d.PCIAddress, Netdev: d.Netdev, Vendor: d.Vendor, DeviceID: d.DeviceID, LinkType: d.LinkType,
 					TotalVFs: d.TotalVFs, NumVFs: d.NumVFs}
 				byAddr[d.PCIAddress] = pf
 			case pf.Priority == p.Priority && ranges != nil && !slices.ContainsFunc(pf.Groups, func(o Group) bool { return overlaps(o.Ranges, ranges) }):
@@ -263,14 +279,15 @@ func linkTypeOf(layer string) string {
 	return LinkTypeEth
 }
 
-// driverOf is the driver VF k of pf is to be bound to.
+// driverOf is the driver VF k of pf is to be bound to: vfio-pci, or
+// DriverByID.
 func (pf *PF) driverOf(k int) string {
 	for _, g := range pf.Groups {
 		if g.contains(k) && g.DeviceType == DeviceTypeVFIO {
 			return DriverVFIO
 		}
 	}
-	return DriverNetdevice
+	return DriverByID
 }
 
 // PolicyOf is the policy that owns VF k of the PF, "" when none does.

@@ -52,7 +52,7 @@ type Step struct {
 	VF    int
 	N     int              // StepNumVFs: the count; StepMTU: the MTU; StepAutoprobe: 0 or 1
 	GUID  net.HardwareAddr // StepGUID
-	Drv   string           // StepBind: the driver; StepWait: what the VF waits for, "netdev", "netdev+rdma", "vfio-pci"
+	Drv   string           // StepBind: vfio-pci or DriverByID; StepWait: what the VF waits for, "netdev", "netdev+rdma", "vfio-pci"
 	Owner string           // StepWait: the policy the VF is for
 }
 
@@ -63,6 +63,9 @@ func (s Step) String() string {
 	case StepGUID:
 		return fmt.Sprintf("%s %d %s", s.Kind, s.VF, s.GUID)
 	case StepBind:
+		if s.Drv == DriverByID {
+			return fmt.Sprintf("%s %d to the driver its IDs match", s.Kind, s.VF)
+		}
 		return fmt.Sprintf("%s %d to %s", s.Kind, s.VF, s.Drv)
 	case StepWait:
 		return fmt.Sprintf("%s %d: %s", s.Kind, s.VF, s.Drv)
@@ -164,22 +167,37 @@ func planSteps(pf *PF, node Node, pol *Policy) {
 		}
 	}
 	autoprobe := readAttr(filepath.Join(sys, "sriov_drivers_autoprobe")) != "0"
-	_, interrupted := node.Records[pf.Address]
-	var vfSteps []Step
+	rec, interrupted := node.Records[pf.Address]
+	pf.Autoprobe = autoprobe
+	if interrupted {
+		// The run that stopped may have left autoprobe as it set it; its
+		// record says what it found (1, the kernel's default, when the
+		// record does not say).
+		pf.Autoprobe = rec.Autoprobe == nil || *rec.Autoprobe
+	}
+	// The VF steps come in groups: the count (autoprobe off first, so
+	// that no driver takes the new VFs before their GUIDs are set or
+	// their override is written), unbinds, GUIDs (while every VF is
+	// unbound), vfio-pci binds (driver_override, which the PCI core
+	// probes whatever autoprobe is), then autoprobe on and the binds to
+	// the driver each VF's IDs match, and autoprobe as it is to be left.
+	var vfSteps, unbinds, guids, vfio, byID []Step
+	cur := autoprobe
 	bind := func(k int) {
 		drv := pf.driverOf(k)
-		if ib && drv == DriverNetdevice {
-			vfSteps = append(vfSteps, Step{Kind: StepGUID, VF: k, GUID: wantGUID(pol, pf, pfGUID, k)})
+		wait := Step{Kind: StepWait, VF: k, Drv: DriverVFIO, Owner: pf.PolicyOf(k)}
+		if drv == DriverVFIO {
+			vfio = append(vfio, Step{Kind: StepBind, VF: k, Drv: drv}, wait)
+			return
 		}
-		vfSteps = append(vfSteps, Step{Kind: StepBind, VF: k, Drv: drv})
-		wait := DriverVFIO
-		if drv == DriverNetdevice {
-			wait = "netdev"
-			if g := pf.groupOf(k); g != nil && g.IsRdma {
-				wait = "netdev+rdma"
-			}
+		if ib {
+			guids = append(guids, Step{Kind: StepGUID, VF: k, GUID: wantGUID(pol, pf, pfGUID, k)})
 		}
-		vfSteps = append(vfSteps, Step{Kind: StepWait, VF: k, Drv: wait, Owner: pf.PolicyOf(k)})
+		wait.Drv = "netdev"
+		if g := pf.groupOf(k); g != nil && g.IsRdma {
+			wait.Drv = "netdev+rdma"
+		}
+		byID = append(byID, Step{Kind: StepBind, VF: k, Drv: drv}, wait)
 	}
 	var touched []string // existing VFs the steps unbind or remove
 	// A VF that sriov_numvfs counts but the bus lacks (hot-removed through
@@ -197,29 +215,36 @@ func planSteps(pf *PF, node Node, pol *Policy) {
 	if pf.NumVFs != pf.Want || len(missing) > 0 {
 		switch {
 		case pf.TotalVFs == 0 && pf.Want > 0:
-			pf.Refused = fmt.Errorf("%w: PF %s has sriov_totalvfs 0: enable SR-IOV in the firmware (mlxconfig -d %s set SRIOV_EN=1 NUM_OF_VFS=%d) and reboot", ErrFirmware, pf.Address, pf.Address, pf.Want)
+			how := "in the NIC's firmware or the BIOS"
+			if pf.Vendor == "15b3" {
+				how = fmt.Sprintf("in the firmware (mlxconfig -d %s set SRIOV_EN=1 NUM_OF_VFS=%d)", pf.Address, pf.Want)
+			}
+			pf.Refused = fmt.Errorf("%w: PF %s has sriov_totalvfs 0: enable SR-IOV %s and reboot", ErrFirmware, pf.Address, how)
 			return
 		case pf.Want > pf.TotalVFs:
-			pf.Refused = fmt.Errorf("%w: policy %s wants numVfs %d but PF %s has sriov_totalvfs %d (raise NUM_OF_VFS in the firmware with mlxconfig, or lower numVfs)", ErrTotalVFs, pf.Policy, pf.Want, pf.Address, pf.TotalVFs)
+			how := "lower numVfs"
+			if pf.Vendor == "15b3" {
+				how = "raise NUM_OF_VFS in the firmware with mlxconfig, or lower numVfs"
+			}
+			pf.Refused = fmt.Errorf("%w: policy %s wants numVfs %d but PF %s has sriov_totalvfs %d (%s)", ErrTotalVFs, pf.Policy, pf.Want, pf.Address, pf.TotalVFs, how)
 			return
 		}
 		for _, d := range vfs {
 			touched = append(touched, d.PCIAddress)
 		}
-		if pf.Want > 0 && autoprobe {
+		if pf.Want > 0 && cur {
 			vfSteps = append(vfSteps, Step{Kind: StepAutoprobe, VF: -1, N: 0})
+			cur = false
 		}
 		if pf.NumVFs > 0 {
-			// The PCI core refuses N -> M with both non-zero (EBUSY).
+			// The PCI core refuses N -> M with both non-zero, whatever
+			// the driver (EBUSY, sriov_numvfs_store in drivers/pci/iov.c).
 			vfSteps = append(vfSteps, Step{Kind: StepNumVFs, VF: -1, N: 0})
 		}
 		if pf.Want > 0 {
 			vfSteps = append(vfSteps, Step{Kind: StepNumVFs, VF: -1, N: pf.Want})
 			for k := 0; k < pf.Want; k++ {
 				bind(k)
-			}
-			if autoprobe {
-				vfSteps = append(vfSteps, Step{Kind: StepAutoprobe, VF: -1, N: 1})
 			}
 		}
 	} else {
@@ -229,19 +254,29 @@ func planSteps(pf *PF, node Node, pol *Policy) {
 			switch {
 			case d.Driver == "":
 				bind(k)
-			case d.Driver != drv:
+			case (drv == DriverVFIO) != (d.Driver == DriverVFIO):
+				// A netdevice VF is bound to whatever driver its IDs
+				// matched; only vfio-pci is the wrong one for it.
 				touched = append(touched, d.PCIAddress)
-				vfSteps = append(vfSteps, Step{Kind: StepUnbind, VF: k})
+				unbinds = append(unbinds, Step{Kind: StepUnbind, VF: k})
 				bind(k)
-			case ib && drv == DriverNetdevice && d.RDMADevice != "" && !slices.Equal(rdmaGUID(node.Root, d.RDMADevice), wantGUID(pol, pf, pfGUID, k)):
+			case ib && drv == DriverByID && d.RDMADevice != "" && !slices.Equal(rdmaGUID(node.Root, d.RDMADevice), wantGUID(pol, pf, pfGUID, k)):
 				touched = append(touched, d.PCIAddress)
-				vfSteps = append(vfSteps, Step{Kind: StepUnbind, VF: k})
+				unbinds = append(unbinds, Step{Kind: StepUnbind, VF: k})
 				bind(k)
 			}
 		}
-		if !autoprobe && interrupted {
-			vfSteps = append(vfSteps, Step{Kind: StepAutoprobe, VF: -1, N: 1})
-		}
+	}
+	vfSteps = append(vfSteps, unbinds...)
+	vfSteps = append(vfSteps, guids...)
+	vfSteps = append(vfSteps, vfio...)
+	if len(byID) > 0 && !cur {
+		vfSteps = append(vfSteps, Step{Kind: StepAutoprobe, VF: -1, N: 1})
+		cur = true
+	}
+	vfSteps = append(vfSteps, byID...)
+	if cur != pf.Autoprobe {
+		vfSteps = append(vfSteps, Step{Kind: StepAutoprobe, VF: -1, N: map[bool]int{false: 0, true: 1}[pf.Autoprobe]})
 	}
 	for _, s := range vfSteps {
 		if s.Kind == StepGUID && s.GUID == nil {

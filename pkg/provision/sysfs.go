@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/fastpath-k8s/fastpath/internal/ifname"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
@@ -138,19 +139,25 @@ func (k *SysfsKernel) Unbind(addr string) error {
 	return nil
 }
 
-// Bind sets driver_override to driver (or clears it for mlx5_core, the
-// driver the VF's IDs match anyway) and asks the PCI core to probe the
-// function (drivers_probe).
+// Bind sets driver_override to driver (or clears it for DriverByID) and
+// asks the PCI core to probe the function (drivers_probe). The write
+// succeeds whether or not a driver binds: a VF with no override is probed
+// only while its PF's sriov_drivers_autoprobe is 1 (pci_device_can_probe,
+// drivers/pci/pci-driver.c), which is for the caller to see to.
 func (k *SysfsKernel) Bind(addr, driver string) error {
 	override := "\n"
-	if driver != DriverNetdevice {
+	if driver != DriverByID {
 		override = driver
 	}
-	if err := k.writeDev(addr, "driver_override", override, "write driver_override "+driver); err != nil {
+	what := driver
+	if driver == DriverByID {
+		what = "the driver its IDs match"
+	}
+	if err := k.writeDev(addr, "driver_override", override, "write driver_override "+strings.TrimSpace(override)); err != nil {
 		return err
 	}
 	if err := write(filepath.Join(k.sys, "bus", "pci", "drivers_probe"), addr); err != nil {
-		return fmt.Errorf("pci %s: probe for %s (drivers_probe): %w", addr, driver, err)
+		return fmt.Errorf("pci %s: probe for %s (drivers_probe): %w", addr, what, err)
 	}
 	return nil
 }

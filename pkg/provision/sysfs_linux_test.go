@@ -3,17 +3,24 @@ package provision_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
+	"github.com/fastpath-k8s/fastpath/pkg/pool"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
+	"github.com/fastpath-k8s/fastpath/pkg/provision/provisiontest"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov/sriovtest"
 )
 
@@ -94,7 +101,9 @@ func TestSysfsKernelWrites(t *testing.T) {
 		touch(t, filepath.Join(resolve(filepath.Join(bus, "devices", vf)), "driver_override"))
 	}
 
-	// Same count, other GUIDs, an MTU: the VFs are rebound one by one.
+	// Same count, other GUIDs, an MTU: the VFs are unbound, given their
+	// GUIDs and probed by their IDs (autoprobe is on; inotify merges the
+	// two unbinds into one event).
 	doc := `
 metadata: {name: rails}
 spec: {resourceName: r, numVfs: 2, mtu: 4000, isRdma: true, nicSelector: {rootDevices: ["0000:10:00.0"]}}
@@ -114,9 +123,8 @@ spec: {resourceName: r, numVfs: 2, mtu: 4000, isRdma: true, nicSelector: {rootDe
 	_, err := applier(root, k, "").Apply(context.Background(), plan)
 	require.NoError(t, err)
 	require.Equal(t, []string{
-		"pfnet/mtu",
-		"driver/unbind", "vf0/driver_override", "bus/drivers_probe",
-		"driver/unbind", "vf1/driver_override", "bus/drivers_probe",
+		"pfnet/mtu", "driver/unbind",
+		"vf0/driver_override", "bus/drivers_probe", "vf1/driver_override", "bus/drivers_probe",
 	}, stop())
 	require.Equal(t, "4000", read(t, filepath.Join(sys, "class/net/ibp16s0/mtu")))
 	require.Equal(t, vf1, read(t, filepath.Join(drv, "unbind")))
@@ -216,4 +224,109 @@ func TestSysfsKernelGUIDFallsBackToMLNXOFED(t *testing.T) {
 			}
 		})
 	}
+}
+
+// igbHost is a host with one Intel 82576 PF (igb, 8086:10c9, netdev ens3)
+// that can have 7 VFs (8086:10ca, which igbvf's ID table lists) and has
+// none; igbvf is loaded. Its sriov_drivers_autoprobe reads autoprobe.
+func igbHost(t *testing.T, autoprobe string) (root, pf string) {
+	t.Helper()
+	root = t.TempDir()
+	b, err := fixture.NewBuilder(root)
+	require.NoError(t, err)
+	parent, err := b.Bridge("pci0000:00", "0000:00:02.0", "8086", "29c0", 0)
+	require.NoError(t, err)
+	pf = "0000:01:00.0"
+	require.NoError(t, b.Add(fixture.Function{Address: pf, Vendor: "8086", Device: "10c9", Class: "0x020000",
+		Driver: "igb", IOMMUGroup: 1, Parent: parent, TotalVFs: 7,
+		Netdevs: []fixture.Netdev{{Name: "ens3", MAC: "52:54:00:12:34:56"}}}))
+	dev := filepath.Join(root, "sys/bus/pci/devices", pf)
+	require.NoError(t, os.WriteFile(filepath.Join(dev, "sriov_vf_device"), []byte("10ca\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dev, "sriov_drivers_autoprobe"), []byte(autoprobe+"\n"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "sys/bus/pci/drivers/igbvf"), 0o755))
+	return root, pf
+}
+
+// igbSnapshot is the igb host as discovery shows it (built from its sysfs
+// here, so that the test does not depend on which vendors discovery
+// serves): the PF and its VFs, with their drivers.
+func igbSnapshot(t *testing.T, root, pf string) *nic.Snapshot {
+	t.Helper()
+	dev := func(addr, attr string) string { return filepath.Join(root, "sys/bus/pci/devices", addr, attr) }
+	driver := func(addr string) string {
+		l, err := os.Readlink(dev(addr, "driver"))
+		if err != nil {
+			return ""
+		}
+		return filepath.Base(l)
+	}
+	links, _ := filepath.Glob(dev(pf, "virtfn*"))
+	snap := &nic.Snapshot{Devices: []nic.Device{{PCIAddress: pf, Vendor: "8086", DeviceID: "10c9", Class: "0x020000",
+		Driver: driver(pf), Netdev: "ens3", TotalVFs: 7, NumVFs: len(links), LinkType: "Ethernet"}}}
+	for _, l := range links {
+		target, err := os.Readlink(l)
+		require.NoError(t, err)
+		var k int
+		_, err = fmt.Sscanf(filepath.Base(l), "virtfn%d", &k)
+		require.NoError(t, err)
+		vf := filepath.Base(target)
+		snap.Devices = append(snap.Devices, nic.Device{PCIAddress: vf, Vendor: "8086", DeviceID: "10ca", Class: "0x020000",
+			Driver: driver(vf), PFAddress: pf, VFIndex: k, PFNetdev: "ens3", LinkType: "Ethernet"})
+	}
+	return snap
+}
+
+// A non-ConnectX PF (igb): the real SysfsKernel, under the kernel
+// stand-in (which binds nothing on drivers_probe for a VF whose PF has
+// autoprobe 0 and whose driver_override is empty, as the PCI core's
+// pci_device_can_probe does), binds each netdevice VF to the driver its
+// IDs match (igbvf, not the PF's igb and not mlx5_core) and each vfio-pci
+// VF to vfio-pci, leaves autoprobe as it found it, and a second plan
+// changes nothing.
+func TestProvisionBindsEachVFToTheDriverItsIDsMatch(t *testing.T) {
+	for _, autoprobe := range []string{"1", "0"} {
+		t.Run("autoprobe "+autoprobe, func(t *testing.T) {
+			root, pf := igbHost(t, autoprobe)
+			standin(t, &provisiontest.Host{Root: root})
+			ps := []provision.Policy{
+				{Name: "net", ResourceName: "igb_net", NumVFs: 6, DeviceType: provision.DeviceTypeNetdevice,
+					PFNames: []pool.VFSet{{PF: "ens3", Ranges: [][2]int{{0, 3}}}}},
+				{Name: "dpdk", ResourceName: "igb_vfio", NumVFs: 6, DeviceType: provision.DeviceTypeVFIO,
+					PFNames: []pool.VFSet{{PF: "ens3", Ranges: [][2]int{{4, 5}}}}},
+			}
+			plan := provision.NewPlan(ps, provision.Node{Root: root, Snapshot: igbSnapshot(t, root, pf)})
+			require.Len(t, plan.PFs, 1)
+			require.NoError(t, plan.PFs[0].Refused)
+			a := &provision.Applier{Kernel: provision.NewSysfsKernel(root, nil), Root: root, Timeout: 5 * time.Second, Poll: time.Millisecond}
+			_, err := a.Apply(context.Background(), plan)
+			require.NoError(t, err)
+
+			snap := igbSnapshot(t, root, pf)
+			require.Len(t, snap.Devices, 7)
+			for _, d := range snap.Devices[1:] {
+				want := "igbvf"
+				if d.VFIndex >= 4 {
+					want = "vfio-pci"
+				}
+				require.Equal(t, want, d.Driver, "VF %d (%s)", d.VFIndex, d.PCIAddress)
+			}
+			require.Equal(t, autoprobe, strings.TrimSpace(read(t, filepath.Join(root, "sys/bus/pci/devices", pf, "sriov_drivers_autoprobe"))))
+			again := provision.NewPlan(ps, provision.Node{Root: root, Snapshot: snap})
+			require.Zero(t, again.Changes(), "%v", again.PFs[0].Steps)
+		})
+	}
+}
+
+// standin runs a kernel stand-in over h until the test ends.
+func standin(t *testing.T, h *provisiontest.Host) {
+	t.Helper()
+	s, err := provisiontest.NewStandin(h, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
 }

@@ -13,10 +13,38 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
-// Host is what the PCI core and mlx5 do to a fixture host under Root
-// when provisioning writes one of their attributes. Kernel (method calls)
-// and Standin (file writes seen through inotify) both react through it.
-// It is not safe for concurrent use: its callers serialise.
+// Host is what the PCI core and the VF drivers do to a fixture host under
+// Root when provisioning writes one of their attributes. Kernel (method
+// calls) and Standin (file writes seen through inotify) both react
+// through it. It is not safe for concurrent use: its callers serialise.
+//
+// The kernel behaviours it models, and where each was checked:
+//   - sriov_numvfs (SetNumVFs): the same count is a no-op; above
+//     sriov_totalvfs is ERANGE; one non-zero count to another is EBUSY,
+//     for every driver; 0 removes the VFs. drivers/pci/iov.c
+//     sriov_numvfs_store; EBUSY also seen in the real-kernel guest
+//     (docs/e2e.md, igb).
+//   - VFs made while the PF's sriov_drivers_autoprobe is 1 are probed at
+//     once, each by the driver its vendor and device IDs match (igbvf for
+//     an igb PF's VFs, not the PF's driver); with 0 they stay unbound.
+//     drivers/pci/iov.c pci_iov_add_virtfn -> pci_bus_add_device, gated by
+//     pci_device_can_probe (drivers/pci/pci-driver.c); seen in the guest.
+//   - sriov_drivers_autoprobe is a flag read at probe time: writing it
+//     probes nothing. drivers/pci/iov.c sriov_drivers_autoprobe_store.
+//   - drivers_probe (DriversProbe) probes an unbound function and answers
+//     success whether or not a driver binds; a VF whose PF has autoprobe 0
+//     is probed only when its driver_override is set; an override binds
+//     the driver it names, else the driver the IDs match binds.
+//     drivers/base/bus.c drivers_probe_store, drivers/pci/pci-driver.c
+//     pci_device_can_probe and pci_match_device; autoprobe 0 + empty
+//     override binding nothing was seen in the guest.
+//   - unbind removes the driver's netdevs and RDMA devices.
+//
+// What it does not model: a driver binds only when it is registered
+// (sys/bus/pci/drivers/<name> exists), except vfio-pci, which the fake
+// always has; the ID tables are IDDrivers, a few entries of the real ones;
+// a driver other than mlx5_core adds a bare net/<name> directory, not a
+// whole netdev; probes never fail.
 type Host struct {
 	Root string
 	// MLNXOFED lays out what MLNX_OFED's mlx5 adds for each VF of a PF:
@@ -33,6 +61,11 @@ type Host struct {
 
 func (h *Host) dev(addr string, attr ...string) string {
 	return filepath.Join(append([]string{h.Root, "sys", "bus", "pci", "devices", addr}, attr...)...)
+}
+
+func readTrim(path string) string {
+	b, _ := os.ReadFile(path)
+	return strings.TrimSpace(string(b))
 }
 
 func readInt(path string) (int, error) {
@@ -53,9 +86,10 @@ func (h *Host) NumVFs(pf string) int {
 // SetNumVFs does what the PCI core's sriov_numvfs_store does: the same
 // count is a no-op; a count above sriov_totalvfs is ERANGE (a PF whose
 // firmware has SR-IOV off has 0); a change between two non-zero counts is
-// EBUSY; 0 removes the VFs; otherwise the VFs appear, bound to the PF's
-// driver when sriov_drivers_autoprobe is 1. It returns the VFs so bound,
-// which the caller probes (now or later, as mlx5 would).
+// EBUSY; 0 removes the VFs; otherwise the VFs appear, each bound to the
+// driver its IDs match when sriov_drivers_autoprobe is 1. It returns the
+// VFs so bound, which the caller probes (now or later, as a driver's
+// probe adds the netdev after the write returned).
 func (h *Host) SetNumVFs(pf string, n int) (autoprobed []string, err error) {
 	path := h.dev(pf, "sriov_numvfs")
 	cur := h.NumVFs(pf)
@@ -99,15 +133,60 @@ func (h *Host) SetNumVFs(pf string, n int) (autoprobed []string, err error) {
 			}
 		}
 	}
-	auto, _ := readInt(h.dev(pf, "sriov_drivers_autoprobe"))
-	vfs, err := fixture.EnableVFs(h.Root, pf, n, auto == 1)
+	vfs, err := fixture.EnableVFs(h.Root, pf, n, false)
 	if err != nil {
 		return nil, err
 	}
-	if auto == 1 {
-		return vfs, nil
+	if !h.autoprobe(pf) {
+		return nil, nil
 	}
-	return nil, nil
+	for _, vf := range vfs {
+		drv := h.match(vf)
+		if drv == "" {
+			continue
+		}
+		if err := fixture.BindDriver(h.Root, vf, drv); err != nil {
+			return nil, err
+		}
+		autoprobed = append(autoprobed, vf)
+	}
+	return autoprobed, nil
+}
+
+// autoprobe reads the PF's sriov_drivers_autoprobe (1 when unreadable,
+// the kernel's default).
+func (h *Host) autoprobe(pf string) bool {
+	v, err := readInt(h.dev(pf, "sriov_drivers_autoprobe"))
+	return err != nil || v != 0
+}
+
+// IDDrivers is the driver whose ID table lists a function's
+// "vendor:device", a few entries of the kernel's tables: mlx5_core's
+// mlx5_core_pci_table (drivers/net/ethernet/mellanox/mlx5/core/main.c),
+// igbvf's igbvf_pci_tbl (drivers/net/ethernet/intel/igbvf/netdev.c),
+// iavf's iavf_pci_tbl (drivers/net/ethernet/intel/iavf/iavf_main.c).
+var IDDrivers = map[string]string{
+	"15b3:1016": "mlx5_core", "15b3:1018": "mlx5_core", "15b3:101a": "mlx5_core",
+	"15b3:101c": "mlx5_core", "15b3:101e": "mlx5_core",
+	"8086:10ca": "igbvf", "8086:1520": "igbvf",
+	"8086:1889": "iavf",
+}
+
+// match is the driver the kernel would bind the function at addr to by
+// its IDs: IDDrivers' entry, if that driver is registered (its directory
+// under sys/bus/pci/drivers exists); "" when none.
+func (h *Host) match(addr string) string {
+	vendor, _ := os.ReadFile(h.dev(addr, "vendor"))
+	device, _ := os.ReadFile(h.dev(addr, "device"))
+	id := strings.TrimPrefix(strings.TrimSpace(string(vendor)), "0x") + ":" + strings.TrimPrefix(strings.TrimSpace(string(device)), "0x")
+	drv := IDDrivers[id]
+	if drv == "" {
+		return ""
+	}
+	if _, err := os.Stat(filepath.Join(h.Root, "sys", "bus", "pci", "drivers", drv)); err != nil {
+		return ""
+	}
+	return drv
 }
 
 // netdevs lists the netdevs of the function at dir.
@@ -153,14 +232,36 @@ func (h *Host) Driver(addr string) string {
 	return filepath.Base(l)
 }
 
-// Bind binds the function to driver, as drivers_probe does once
-// driver_override names it; probe says whether mlx5_core's probe (Probe)
-// follows.
-func (h *Host) Bind(addr, driver string) (probe bool, err error) {
-	if err := fixture.BindDriver(h.Root, addr, driver); err != nil {
-		return false, err
+// DriversProbe does what writing addr to /sys/bus/pci/drivers_probe does:
+// nothing to a bound function; a VF whose PF has sriov_drivers_autoprobe
+// 0 and whose driver_override is empty is not probed (and the write still
+// succeeds); otherwise the driver driver_override names binds, or without
+// one the driver its IDs match, if any. It returns the driver bound ("":
+// none) and whether a netdev driver's probe (Probe) follows.
+func (h *Host) DriversProbe(addr string) (driver string, probe bool, err error) {
+	if h.Driver(addr) != "" {
+		return "", false, nil
 	}
-	return driver == provision.DriverNetdevice, nil
+	override := readTrim(h.dev(addr, "driver_override"))
+	if override == "(null)" {
+		override = ""
+	}
+	if l, err := os.Readlink(h.dev(addr, "physfn")); err == nil && override == "" && !h.autoprobe(filepath.Base(l)) {
+		return "", false, nil // pci_device_can_probe: false
+	}
+	driver = override
+	if driver == "" {
+		driver = h.match(addr)
+	} else if _, err := os.Stat(filepath.Join(h.Root, "sys", "bus", "pci", "drivers", driver)); err != nil && driver != provision.DriverVFIO {
+		driver = "" // not registered
+	}
+	if driver == "" {
+		return "", false, nil
+	}
+	if err := fixture.BindDriver(h.Root, addr, driver); err != nil {
+		return "", false, err
+	}
+	return driver, driver != provision.DriverVFIO, nil
 }
 
 // Unbind unbinds the function from its driver, as writing its address to
@@ -170,13 +271,27 @@ func (h *Host) Unbind(addr string) error {
 	return fixture.UnbindDriver(h.Root, addr)
 }
 
-// Probe is mlx5_core and mlx5_ib binding the VF at addr: its netdev and
-// RDMA device appear; the RDMA device's node GUID is guid, or with
-// MLNXOFED and guid nil the one sriov/<vf>/node holds. A VF no longer
-// bound to mlx5_core (unbound meanwhile) is left alone.
+// Probe is the bound driver's probe of the VF at addr adding what it
+// adds. For mlx5_core (and mlx5_ib) its netdev and RDMA device appear;
+// the RDMA device's node GUID is guid, or with MLNXOFED and guid nil the
+// one sriov/<vf>/node holds. Another netdev driver adds a bare net/<name>
+// directory. A VF unbound meanwhile, or bound to vfio-pci, is left alone.
 func (h *Host) Probe(addr string, guid net.HardwareAddr) error {
-	if h.Driver(addr) != provision.DriverNetdevice {
+	switch drv := h.Driver(addr); drv {
+	case "", provision.DriverVFIO:
 		return nil
+	case provision.DriverNetdevice:
+	default:
+		name, err := fixture.VFNetdev(h.Root, addr)
+		if err != nil {
+			return err
+		}
+		if h.Probed != nil {
+			if err := h.Probed(addr, name); err != nil {
+				return err
+			}
+		}
+		return os.MkdirAll(h.dev(addr, "net", name), 0o755)
 	}
 	if guid == nil && h.MLNXOFED {
 		pf, k, err := h.VF(addr)

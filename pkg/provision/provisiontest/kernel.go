@@ -1,8 +1,9 @@
 // Package provisiontest plays the kernel over a fixture host
 // (internal/fixture), since this machine has no SR-IOV PF to change: Host
-// is what the PCI core and mlx5 do to the host's sysfs; Kernel is a fake
-// provision.Kernel that calls it, and Standin calls it when a process
-// writes the host's attribute files.
+// is what the PCI core and the VF drivers do to the host's sysfs (its doc
+// lists the kernel behaviours modelled and where each was checked);
+// Kernel is a fake provision.Kernel that calls it, and Standin calls it
+// when a process writes the host's attribute files.
 package provisiontest
 
 import (
@@ -20,9 +21,10 @@ import (
 )
 
 // Kernel changes a fixture host under Root through Host, one call at a
-// time. VFs appear on the bus when sriov_numvfs is written; a VF bound to
-// mlx5_core shows its netdev and RDMA device ProbeDelay later, as a
-// driver's probe does after the write returned.
+// time, with the kernel behaviours Host lists. VFs appear on the bus when
+// sriov_numvfs is written; a VF bound to a netdev driver shows its netdev
+// (and, for mlx5_core, its RDMA device) ProbeDelay later, as a driver's
+// probe does after the write returned.
 type Kernel struct {
 	Root       string // as given to New
 	ProbeDelay time.Duration
@@ -160,14 +162,25 @@ func (k *Kernel) Unbind(addr string) error {
 	return k.host.Unbind(addr)
 }
 
-// Bind binds the function; mlx5_core probes it ProbeDelay later.
+// Bind writes driver_override (driver, or cleared for
+// provision.DriverByID) and then drivers_probe, as the SysfsKernel does,
+// through Host.DriversProbe: with the PF's autoprobe 0 and no override
+// nothing binds, and Bind still succeeds. A netdev driver's probe adds
+// the netdev ProbeDelay later.
 func (k *Kernel) Bind(addr, driver string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if err := k.call("Bind", addr, driver); err != nil {
 		return err
 	}
-	probe, err := k.host.Bind(addr, driver)
+	override := driver
+	if driver == provision.DriverByID {
+		override = "(null)"
+	}
+	if err := os.WriteFile(k.dev(addr, "driver_override"), []byte(override+"\n"), 0o644); err != nil {
+		return fmt.Errorf("pci %s: write driver_override: %w", addr, err)
+	}
+	_, probe, err := k.host.DriversProbe(addr)
 	if err != nil || !probe {
 		return err
 	}

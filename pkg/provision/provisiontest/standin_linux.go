@@ -122,11 +122,6 @@ func (s *Standin) Run(ctx context.Context) error {
 	return nil
 }
 
-func readTrim(path string) string {
-	b, _ := os.ReadFile(path)
-	return strings.TrimSpace(string(b))
-}
-
 // handle reacts to one write of file name in the watched what; act says
 // what it did, "" for a write it had nothing to do for.
 func (s *Standin) handle(what, name string) (act string, err error) {
@@ -159,18 +154,12 @@ func (s *Standin) handle(what, name string) (act string, err error) {
 		if !pci.ValidAddress(addr) || h.Driver(addr) != "" {
 			return "", nil // the kernel probes nothing for a bound function
 		}
-		driver := readTrim(h.dev(addr, "driver_override"))
-		if driver == "" || driver == "(null)" {
-			// No override: the driver the VF's IDs match, its PF's.
-			pf, _, err := h.VF(addr)
-			if err != nil {
-				return "drivers_probe " + addr, err
-			}
-			driver = h.Driver(pf)
-		}
+		driver, probe, err := h.DriversProbe(addr)
 		act = "drivers_probe " + addr + " " + driver
+		if driver == "" {
+			act += "(none)"
+		}
 		s.log.Info("kernel stand-in: drivers_probe", "pci", addr, "driver", driver)
-		probe, err := h.Bind(addr, driver)
 		if err != nil || !probe {
 			return act, err
 		}

@@ -148,7 +148,14 @@ func TestStandinReactsToWrites(t *testing.T) {
 
 	guid := "02:11:22:33:44:55:66:77"
 	write(t, dev(pf, "sriov/1/node"), guid)
+	// Autoprobe off and no driver_override: the PCI core probes nothing
+	// (pci_device_can_probe), and the write succeeds.
 	write(t, dev(vf1, "driver_override"), "\n")
+	write(t, filepath.Join(root, "sys/bus/pci/drivers_probe"), vf1)
+	k.await(t, "drivers_probe "+vf1+" (none)")
+	require.Equal(t, "", driver(vf1))
+	// Autoprobe on: the driver its IDs match (15b3:101e, mlx5_core).
+	write(t, dev(pf, "sriov_drivers_autoprobe"), "1")
 	write(t, filepath.Join(root, "sys/bus/pci/drivers_probe"), vf1)
 	k.await(t, "drivers_probe "+vf1+" mlx5_core")
 	require.Equal(t, "mlx5_core", driver(vf1))
