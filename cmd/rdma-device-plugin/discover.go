@@ -70,7 +70,8 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	registerNodeFlags(fs, &node)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [--policy FILE] [--resource-prefix P] [-o table|json]\n\n"+
-			"Shows the node's Mellanox/NVIDIA NIC functions (PF -> VFs -> netdev -> RDMA device -> char devices)\n"+
+			"Shows the node's NIC functions: SR-IOV PFs and VFs of any vendor, every ConnectX function and any\n"+
+			"function with an RDMA device (PF -> VFs -> netdev -> RDMA device -> char devices)\n"+
 			"and, with --config, which pool gets which device.\n\n")
 		fs.PrintDefaults()
 	}
@@ -179,7 +180,7 @@ func discover(hostRoot string, cfg *pool.Config) (*discoverReport, error) {
 // writeTable prints PFs with their VFs indented below them.
 func writeTable(w io.Writer, r *discoverReport) {
 	if len(r.Devices) == 0 {
-		fmt.Fprintln(w, "no Mellanox/NVIDIA (vendor 15b3) NIC functions on this host")
+		fmt.Fprintln(w, "no SR-IOV or RDMA NIC functions on this host (no network-class PCI function is an SR-IOV PF or VF, has an RDMA device or is a ConnectX)")
 		return
 	}
 	poolsOf := map[string][]string{}

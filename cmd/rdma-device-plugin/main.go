@@ -1,5 +1,5 @@
 // Command rdma-device-plugin is fastpath's kubelet device plugin for
-// Mellanox/NVIDIA ConnectX SR-IOV VFs and shared HCAs.
+// SR-IOV VFs of any vendor's NIC, ConnectX first, and shared HCAs.
 //
 //	rdma-device-plugin [flags]              serve the pools to the kubelet
 //	rdma-device-plugin discover [flags]     print what the node has

@@ -224,7 +224,7 @@ func checkCharDevices(hostRoot string, pools []pool.Pool) error {
 	if want == 0 {
 		return nil // no RDMA devices in any pool: nothing to hand out, and discovery warned why
 	}
-	return fmt.Errorf("no RDMA char devices for the pools' %d RDMA devices under %s%s: is the mlx5_ib / ib_uverbs module loaded, and is /dev/infiniband mounted into the plugin's container?",
+	return fmt.Errorf("no RDMA char devices for the pools' %d RDMA devices under %s%s: is the ib_uverbs module loaded, and is /dev/infiniband mounted into the plugin's container?",
 		want, strings.TrimSuffix(hostRoot, "/"), rdma.DevDir)
 }
 

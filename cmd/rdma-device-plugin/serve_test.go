@@ -522,7 +522,7 @@ func TestServeStartupErrors(t *testing.T) {
 	}{
 		{"missing config", []string{"--host-root", fixture("dgx-h100"), "--config", "/nonexistent/config.json"}, "pool config file does not exist: /nonexistent/config.json"},
 		{"broken config", []string{"--host-root", fixture("dgx-h100"), "--config", "serve_test.go"}, "invalid JSON"},
-		{"no char devices", []string{"--host-root", noDev, "--config", config("sriov-dp.json")}, "is the mlx5_ib / ib_uverbs module loaded"},
+		{"no char devices", []string{"--host-root", noDev, "--config", config("sriov-dp.json")}, "is the ib_uverbs module loaded"},
 		{"bad log level", []string{"--log-level", "loud"}, `--log-level "loud"`},
 		{"bad resource prefix", []string{"--host-root", fixture("dgx-h100"), "--config", config("sriov-dp.json"), "--resource-prefix", "Not_A_Domain"},
 			`resource prefix "Not_A_Domain" is not a DNS subdomain`},
