@@ -168,9 +168,9 @@ func TestNodeFeatureRule(t *testing.T) {
 	require.Len(t, r.Spec.Rules, 1)
 	rule := r.Spec.Rules[0]
 
-	sel := m.daemonSets[0].Spec.Template.Spec.NodeSelector
-	require.Equal(t, map[string]string{nfdLabel: "true"}, sel)
-	require.Equal(t, sel, rule.Labels, "the rule sets exactly the DaemonSet's nodeSelector")
+	terms := nodeTerms(t, &m.daemonSets[0].Spec.Template.Spec)
+	require.Contains(t, terms, map[string]string{nfdLabel: "true"})
+	require.Equal(t, terms[0], rule.Labels, "the rule sets exactly one of the DaemonSet's node terms")
 	require.Empty(t, rule.MatchAny)
 	require.Empty(t, rule.Taints)
 	require.Empty(t, rule.ExtendedResources)

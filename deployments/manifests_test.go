@@ -64,6 +64,9 @@ var pluginBoolFlags = map[string]bool{"use-cdi": true}
 
 const (
 	nfdLabel           = "feature.node.kubernetes.io/pci-15b3.present"
+	// NFD's own label for a node with an SR-IOV capable netdev (its
+	// network source, on by default).
+	sriovLabel = "feature.node.kubernetes.io/network-sriov.capable"
 	resourceAnnotation = "k8s.v1.cni.cncf.io/resourceName"
 	networksAnnotation = "k8s.v1.cni.cncf.io/networks"
 	sharedResource     = "rdma/hca_shared_devices_a"
@@ -451,7 +454,8 @@ func requireDaemonSetCaps(t *testing.T, m *manifests, caps []corev1.Capability, 
 	require.True(t, sel.Matches(labels.Set(ds.Spec.Template.Labels)))
 
 	require.True(t, spec.HostNetwork, "netlink link events of the host netns need hostNetwork")
-	require.Equal(t, "true", spec.NodeSelector[nfdLabel])
+	require.Empty(t, spec.NodeSelector, "nodes are chosen by affinity: a ConnectX node or any SR-IOV node")
+	require.Equal(t, []map[string]string{{nfdLabel: "true"}, {sriovLabel: "true"}}, nodeTerms(t, spec))
 	require.Equal(t, "system-node-critical", spec.PriorityClassName)
 	require.Equal(t, m.serviceAccounts[0].Name, spec.ServiceAccountName)
 	require.True(t, slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
@@ -737,4 +741,26 @@ func TestDockerfile(t *testing.T) {
 	require.Regexp(t, `(?m)^ENV VERSION_PKG=github\.com/fastpath-k8s/fastpath/internal/version$`, df)
 	require.Regexp(t, `-X \$\{VERSION_PKG\}\.Version=\$\{VERSION\} -X \$\{VERSION_PKG\}\.Revision=\$\{REVISION\}`, df)
 	require.Equal(t, 3, strings.Count(df, `-ldflags "$LDFLAGS"`), "every go build embeds the version")
+}
+
+// nodeTerms are the DaemonSet's required node affinity terms, each as the
+// labels it requires (key In [one value] only; anything else fails).
+func nodeTerms(t *testing.T, spec *corev1.PodSpec) []map[string]string {
+	t.Helper()
+	require.NotNil(t, spec.Affinity)
+	require.NotNil(t, spec.Affinity.NodeAffinity)
+	req := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	require.NotNil(t, req)
+	var out []map[string]string
+	for _, term := range req.NodeSelectorTerms {
+		require.Empty(t, term.MatchFields)
+		labels := map[string]string{}
+		for _, e := range term.MatchExpressions {
+			require.Equal(t, corev1.NodeSelectorOpIn, e.Operator, e.Key)
+			require.Len(t, e.Values, 1, e.Key)
+			labels[e.Key] = e.Values[0]
+		}
+		out = append(out, labels)
+	}
+	return out
 }
