@@ -418,7 +418,7 @@ func (p *Plugin) attachLink(log *slog.Logger, c *NetConf, j *journal, host, pod 
 	if err != nil {
 		return fail(0, st.PCIAddress, "create the temporary netns", err)
 	}
-	_, err = netns.MoveVia(st.HostName, host, via, pod, cfg)
+	_, err = p.moveVia(st, st.HostName, host, via, pod, cfg)
 	via.Close()
 	if uerr := unpinIfEmpty(viaPath); uerr != nil {
 		log.Warn("temporary netns kept for DEL", "err", uerr)

@@ -48,6 +48,7 @@ func testBuild(p *Plugin) {
 	}
 	if dir := os.Getenv(FakePFEnv); dir != "" {
 		p.NewPFLink = func(*netlink.Handle) sriov.PFLink { return filePFLink{dir: dir} }
+		p.VFSideMAC = filePFLink{dir: dir}.igbVFSideMAC
 	}
 	if path := os.Getenv(FakeRDMAEnv); path != "" {
 		p.RDMA = fileRDMA{path: path}
@@ -154,6 +155,23 @@ func (f filePFLink) SetVFRate(pf string, vf, lo, hi int) error {
 func (f filePFLink) SetVFGUID(pf string, vf int, guid net.HardwareAddr) error {
 	_, err := f.update(pf, vf, func(c *sriov.VFConfig) { c.GUID = guid.String() })
 	return err
+}
+
+// igbVFSideMAC answers a change of the VF netdev's own MAC to mac as igb
+// and igbvf do, from the VF's settings in the files: EADDRNOTAVAIL while
+// the PF holds a non-zero MAC for the VF, does not trust it and mac is not
+// that MAC. The same model as the unit tests' igbVFSideMAC (fakes_test.go,
+// which says where each part was checked), over these files.
+func (f filePFLink) igbVFSideMAC(st *State, mac net.HardwareAddr) error {
+	c, err := f.VF(st.PFNetdev, st.VFIndex)
+	if err != nil {
+		return err
+	}
+	admin, err := net.ParseMAC(c.MAC)
+	if err != nil || admin.String() == "00:00:00:00:00:00" || c.Trust || admin.String() == mac.String() {
+		return nil
+	}
+	return unix.EADDRNOTAVAIL
 }
 
 // fileRDMA keeps, in one JSON file, the netns inode of each RDMA device

@@ -40,7 +40,7 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 		log.Warn("VF netdev not found in the pod, the temporary or the host netns; was the VF removed?", "netdev", st.HostName)
 	case where == host:
 		var err error
-		if home, err = restoreInHost(log, st, host, name); err != nil {
+		if home, err = p.restoreInHost(log, st, host, name); err != nil {
 			return err
 		}
 	default:
@@ -57,7 +57,7 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 		if st.PodMAC != "" {
 			cfg.MAC, _ = net.ParseMAC(st.HostMAC)
 		}
-		if _, err := netns.MoveVia(name, where, via, host, cfg); err != nil {
+		if _, err := p.moveVia(st, name, where, via, host, cfg); err != nil {
 			return fmt.Errorf("return %s to the host as %s: %w", name, home, err)
 		}
 		log.Info("VF netdev returned to the host", "from", name, "name", home)
@@ -181,7 +181,7 @@ func (p *Plugin) mayBe(n *netns.NS, l netlink.Link, vf string) bool {
 // restoreInHost puts back, in place, the name, MAC, MTU and alias of the
 // VF netdev found in the host netns as name, and returns the name it has
 // now: its original one unless another link took that meanwhile.
-func restoreInHost(log *slog.Logger, st *State, host *netns.NS, name string) (string, error) {
+func (p *Plugin) restoreInHost(log *slog.Logger, st *State, host *netns.NS, name string) (string, error) {
 	h := host.Handle()
 	l, err := h.LinkByName(name)
 	if err != nil {
@@ -204,7 +204,11 @@ func restoreInHost(log *slog.Logger, st *State, host *netns.NS, name string) (st
 	}
 	a := l.Attrs()
 	if mac, err := net.ParseMAC(st.HostMAC); st.PodMAC != "" && err == nil && a.HardwareAddr.String() != mac.String() {
-		if err := h.LinkSetHardwareAddr(l, mac); err != nil {
+		err := p.vfSideMAC(st, mac)
+		if err == nil {
+			err = h.LinkSetHardwareAddr(l, mac)
+		}
+		if err != nil {
 			return "", fmt.Errorf("restore MAC of %s: %w", home, err)
 		}
 	}
@@ -219,6 +223,27 @@ func restoreInHost(log *slog.Logger, st *State, host *netns.NS, name string) (st
 		}
 	}
 	return home, nil
+}
+
+// vfSideMAC is the VF driver's answer to a change of the VF netdev's own
+// MAC to mac, where the plugin has one (VFSideMAC); nil otherwise.
+func (p *Plugin) vfSideMAC(st *State, mac net.HardwareAddr) error {
+	if p.VFSideMAC == nil {
+		return nil
+	}
+	return p.VFSideMAC(st, mac)
+}
+
+// moveVia is netns.MoveVia, with a MAC change in cfg put to the VF driver
+// first (vfSideMAC): its refusal fails the move as the kernel's refusal
+// of that change does, with the netdev left where it was.
+func (p *Plugin) moveVia(st *State, name string, from, via, to *netns.NS, cfg netns.LinkConfig) (netlink.Link, error) {
+	if cfg.MAC != nil {
+		if err := p.vfSideMAC(st, cfg.MAC); err != nil {
+			return nil, fmt.Errorf("set MAC %s on %s: %w", cfg.MAC, name, err)
+		}
+	}
+	return netns.MoveVia(name, from, via, to, cfg)
 }
 
 // netdevPCI is the PCI address of the device behind l, a link in n, or

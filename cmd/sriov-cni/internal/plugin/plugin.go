@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -63,6 +64,12 @@ type Plugin struct {
 	// address, or ""); nil reads the kernel's IFLA_PARENT_DEV_NAME. Tests
 	// set it for the veth links that stand in for VFs.
 	NetdevPCI func(l netlink.Link) string
+	// VFSideMAC, when set, is the VF driver's answer to a change of the
+	// VF netdev's own MAC to mac (not the PF's administrative MAC for the
+	// VF), asked before the plugin makes one; nil leaves the answer to the
+	// kernel. Tests set it for the veth links that stand in for VFs, which
+	// take any MAC, to answer as igbvf does (fakes_test.go).
+	VFSideMAC func(st *State, mac net.HardwareAddr) error
 	// Stdout receives the result (the CNI protocol); Stderr the log and
 	// the IPAM plugin's stderr.
 	Stdout, Stderr io.Writer

@@ -51,7 +51,9 @@ func fixtureRoot(name string) string {
 // env runs the plugin in-process against a fixture host, with veth links
 // named as the fixture's VF netdevs standing in for the VFs, real network
 // namespaces, the reference IPAM plugins, and fakes for the PF and RDMA
-// netlink calls this kernel cannot do.
+// netlink calls this kernel cannot do. A VF-side MAC change is answered
+// as igbvf answers it (igbVFSideMAC), the strictest driver known; set
+// p.VFSideMAC to nil for mlx5's answer.
 type env struct {
 	t        *testing.T
 	p        *Plugin
@@ -79,6 +81,7 @@ func newEnv(t *testing.T, fixture string) *env {
 		},
 		Stderr: &e.log,
 	}
+	e.p.VFSideMAC = igbVFSideMAC(e.pf)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("plugin log:\n%s", e.log.String())

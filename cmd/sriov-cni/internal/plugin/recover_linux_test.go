@@ -1,12 +1,15 @@
 package plugin
 
 import (
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov/sriovtest"
@@ -190,4 +193,110 @@ func TestDelHostNameTakenMeanwhile(t *testing.T) {
 	log := e.log.String()
 	require.Contains(t, log, "original name is taken")
 	require.Contains(t, log, "hostName=ens1f1v2")
+}
+
+// The VF's MAC on the PF is restored before its netdev's own MAC: igbvf
+// refuses a change of the netdev's MAC while the PF holds a MAC for the
+// VF (igbVFSideMAC, EADDRNOTAVAIL), mlx5 takes it either way. With "mac"
+// and "vlan" (and no trust, which would let igb through), every way a DEL
+// meets the attachment brings the VF back, for both drivers: a DEL; a
+// DEL after the pod netns was deleted (the VF back on the host under its
+// pod name and MAC); a DEL killed at each of its steps and run again,
+// which finds the restore half done; an ADD that fails after the move
+// (its rollback) followed by the runtime's DEL.
+func TestRestoreGivesBackThePFMACBeforeTheNetdevMAC(t *testing.T) {
+	type path struct {
+		name string
+		run  func(t *testing.T, e *env, conf, podNS string)
+	}
+	add := func(t *testing.T, e *env, conf, podNS string) {
+		t.Helper()
+		_, err := e.add(conf, podNS, "c1", "net1")
+		require.NoError(t, err)
+		require.Equal(t, "02:fa:57:00:00:01", e.pf.Get("ens1f0np0", 0).MAC)
+	}
+	paths := []path{
+		{"DEL", func(t *testing.T, e *env, conf, podNS string) {
+			add(t, e, conf, podNS)
+			require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+		}},
+		{"pod netns deleted before DEL", func(t *testing.T, e *env, conf, podNS string) {
+			add(t, e, conf, podNS)
+			pod := mustOpen(t, podNS)
+			l, err := pod.Handle().LinkByName("net1")
+			require.NoError(t, err)
+			host, err := netns.Current()
+			require.NoError(t, err)
+			defer host.Close()
+			// As the kernel hands a physical VF back (a veth would die).
+			require.NoError(t, pod.Handle().LinkSetNsFd(l, host.Fd()))
+			e.rdma.where = map[string]string{}
+			out, err := exec.Command("ip", "netns", "del", filepath.Base(podNS)).CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+		}},
+		{"ADD fails after the move, then DEL", func(t *testing.T, e *env, _, podNS string) {
+			notDir := filepath.Join(t.TempDir(), "file")
+			require.NoError(t, os.WriteFile(notDir, nil, 0o600))
+			conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"02:fa:57:00:00:01",` +
+				`"runtimeConfig":{"CNIDeviceInfoFile":"` + filepath.Join(notDir, "c1.json") + `"},` + e.hostLocal("10.88.0.0/24", ""))
+			_, err := e.add(conf, podNS, "c1", "net1")
+			require.ErrorContains(t, err, "device-info")
+			require.NotContains(t, err.Error(), "rollback", "the rollback restored everything")
+			require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+		}},
+	}
+	for _, point := range []string{"del:locked", "teardown:ipam", "teardown:devinfo", "teardown:vf", "teardown:rdma", "teardown:link", "del:removed"} {
+		paths = append(paths, path{"DEL killed at " + point + ", DEL again", func(t *testing.T, e *env, conf, podNS string) {
+			add(t, e, conf, podNS)
+			e.p.failpoint = func(at string) {
+				if at == point {
+					panic(killed{at})
+				}
+			}
+			at, err := run(func() error { return e.del(conf, podNS, "c1", "net1") })
+			require.NoError(t, err)
+			require.Equal(t, point, at)
+			e.p.failpoint = nil
+			require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+		}})
+	}
+	for _, driver := range []string{"igbvf", "mlx5"} {
+		for _, p := range paths {
+			t.Run(driver+"/"+p.name, func(t *testing.T) {
+				e := newEnv(t, "roce-cx6dx")
+				if driver == "mlx5" {
+					e.p.VFSideMAC = nil
+				}
+				orig := e.standIn("ens1f0v0")
+				podNS := e.pod()
+				conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"02:fa:57:00:00:01",` + e.hostLocal("10.88.0.0/24", ""))
+				p.run(t, e, conf, podNS)
+				e.requireRestored(orig, "0000:3b:00.2")
+				require.Equal(t, sriovtest.Unconfigured, e.pf.Get("ens1f0np0", 0))
+				require.True(t, e.rdma.InHost("mlx5_2"))
+				require.Empty(t, e.ipamLeases())
+				require.Empty(t, ls(t, e.stateDir))
+			})
+		}
+	}
+}
+
+// The fake answers as igbvf does: a VF-side MAC change is refused while
+// the PF holds a non-zero MAC for an untrusted VF, unless it is that MAC.
+func TestIgbVFSideMAC(t *testing.T) {
+	pf := sriovtest.NewPFLink()
+	st := &State{PFNetdev: "enp1s0", VFIndex: 2}
+	ask := igbVFSideMAC(pf)
+	mac := func(s string) net.HardwareAddr { m, err := net.ParseMAC(s); require.NoError(t, err); return m }
+	require.NoError(t, ask(st, mac("02:00:00:00:00:09")), "no MAC on the PF")
+	require.NoError(t, pf.SetVFMAC("enp1s0", 2, mac("02:00:00:00:00:01")))
+	require.ErrorIs(t, ask(st, mac("02:00:00:00:00:09")), unix.EADDRNOTAVAIL)
+	require.NoError(t, ask(st, mac("02:00:00:00:00:01")), "the PF's own MAC (perm_addr after a reset)")
+	require.NoError(t, ask(&State{PFNetdev: "enp1s0", VFIndex: 3}, mac("02:00:00:00:00:09")), "another VF")
+	require.NoError(t, pf.SetVFTrust("enp1s0", 2, true))
+	require.NoError(t, ask(st, mac("02:00:00:00:00:09")), "trusted")
+	require.NoError(t, pf.SetVFTrust("enp1s0", 2, false))
+	require.NoError(t, pf.SetVFMAC("enp1s0", 2, make(net.HardwareAddr, 6)))
+	require.NoError(t, ask(st, mac("02:00:00:00:00:09")), "zero MAC: IGB_VF_FLAG_PF_SET_MAC cleared")
 }

@@ -231,7 +231,9 @@ func (p *Plugin) recoveryState(c *NetConf, args *skel.CmdArgs, vf string) *State
 	return st
 }
 
-// teardown undoes what st says ADD did or began, newest first. Each undo
+// teardown undoes what st says ADD did or began, newest first, but for the
+// VF's settings on the PF, which come back before its netdev (see below).
+// Each undo
 // tolerates a step that never happened, happened half-way or was undone
 // already, so teardown may run again after a crash of its own. It returns
 // what failed to restore the VF (its netdev, RDMA device, PF settings, the
@@ -246,6 +248,25 @@ func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, s
 	if st.DeviceInfoFile != "" {
 		if err := removeDeviceInfo(log, st.DeviceInfoFile, st.PCIAddress); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// The VF's settings on the PF come back before its netdev does: a VF
+	// driver may refuse a change of its netdev's MAC while the PF holds an
+	// administrative MAC for it (igbvf: EADDRNOTAVAIL, igb_rcv_msg_from_vf
+	// / igb_set_vf_mac_addr in drivers/net/ethernet/intel/igb/igb_main.c),
+	// and the netdev's MAC is put back below. Restoring the PF's MAC
+	// (usually to zero, which clears igb's IGB_VF_FLAG_PF_SET_MAC) first
+	// lets that change through on igb, and changes nothing on mlx5,
+	// which takes a VF-side MAC either way.
+	p.point("teardown:vf")
+	switch {
+	case len(st.VFApplied) == 0 || st.VFOrig == nil:
+	case st.PFNetdev == "":
+		// Only a translated upstream cache (upstreamState) gets here.
+		errs = append(errs, errors.New("VF settings: PF netdev unknown (not in sysfs, and the cache names no Master and VFID)"))
+	default:
+		if err := sriov.RestoreAll(p.NewPFLink(host.Handle()), st.PFNetdev, st.VFIndex, st.VFApplied, st.VFOrig); err != nil {
+			errs = append(errs, fmt.Errorf("VF settings on PF %s: %w", st.PFNetdev, err))
 		}
 	}
 	if !st.VFIO {
@@ -273,17 +294,6 @@ func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, s
 			if err := p.restoreLink(log, store, st, host, pod); err != nil {
 				errs = append(errs, err)
 			}
-		}
-	}
-	p.point("teardown:vf")
-	switch {
-	case len(st.VFApplied) == 0 || st.VFOrig == nil:
-	case st.PFNetdev == "":
-		// Only a translated upstream cache (upstreamState) gets here.
-		errs = append(errs, errors.New("VF settings: PF netdev unknown (not in sysfs, and the cache names no Master and VFID)"))
-	default:
-		if err := sriov.RestoreAll(p.NewPFLink(host.Handle()), st.PFNetdev, st.VFIndex, st.VFApplied, st.VFOrig); err != nil {
-			errs = append(errs, fmt.Errorf("VF settings on PF %s: %w", st.PFNetdev, err))
 		}
 	}
 	if len(errs) > 0 {
