@@ -57,3 +57,12 @@ func RDMAHint(driver string) string {
 	}
 	return "is " + f.RDMADriver + " loaded?"
 }
+
+// HasRDMA reports whether the kernel gives a function of the family an
+// RDMA device once its RDMA driver is loaded: a PF where the family has
+// an RDMA driver, a VF where that driver serves VFs too (ConnectX and
+// Broadcom; not the iavf VFs of E810 and X710 in 6.12, and nothing of
+// igb or ixgbe).
+func (f Family) HasRDMA(vf bool) bool {
+	return f.RDMADriver != "" && (!vf || f.VFRDMA)
+}
