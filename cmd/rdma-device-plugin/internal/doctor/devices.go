@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
@@ -22,17 +23,92 @@ type module struct {
 	why      string
 }
 
-var modules = []module{
-	{"mlx5_core", Fail, "bus/pci/drivers/mlx5_core", "the ConnectX driver: no netdevs, VFs or RDMA devices without it"},
-	{"mlx5_ib", Fail, "class/infiniband/mlx5_*", "no ConnectX RDMA devices (mlx5_N): NCCL logs \"NET/IB : No device found\" and uses sockets"},
-	{"ib_uverbs", Fail, "class/infiniband_verbs/uverbs*", "no /dev/infiniband/uverbsN, the device NCCL opens"},
-	{"ib_umad", Warn, "class/infiniband_mad/umad*", "no umadN/issmN, which ibstat, UCX and subnet-manager tools need (NCCL does not)"},
-	{"rdma_ucm", Warn, "class/misc/rdma_cm", "no /dev/infiniband/rdma_cm, which RDMA CM users (UCX, MPI) need and the plugin gives every pod"},
+// ConnectX's modules, and the RDMA core every RDMA driver needs.
+var (
+	mlx5Modules = []module{
+		{"mlx5_core", Fail, "bus/pci/drivers/mlx5_core", "the ConnectX driver: no netdevs, VFs or RDMA devices without it"},
+		{"mlx5_ib", Fail, "class/infiniband/mlx5_*", "no ConnectX RDMA devices (mlx5_N): NCCL logs \"NET/IB : No device found\" and uses sockets"},
+	}
+	coreModules = []module{
+		{"ib_uverbs", Fail, "class/infiniband_verbs/uverbs*", "no /dev/infiniband/uverbsN, the device NCCL opens"},
+		{"ib_umad", Warn, "class/infiniband_mad/umad*", "no umadN/issmN, which ibstat, UCX and subnet-manager tools need (NCCL does not)"},
+		{"rdma_ucm", Warn, "class/misc/rdma_cm", "no /dev/infiniband/rdma_cm, which RDMA CM users (UCX, MPI) need and the plugin gives every pod"},
+	}
+)
+
+// rdmaEvidence is where an RDMA driver built into the kernel shows: the
+// auxiliary driver it registers (irdma's has no name of its own,
+// bnxt_re's is "rdma": drivers/base/auxiliary.c names them
+// <module>[.<name>]).
+var rdmaEvidence = map[string]string{
+	"irdma":   "bus/auxiliary/drivers/irdma",
+	"bnxt_re": "bus/auxiliary/drivers/bnxt_re.rdma",
+}
+
+// modules are the kernel modules the node's functions need: mlx5_core and
+// mlx5_ib where it has ConnectX functions; the drivers other vendors'
+// functions are bound to, the VF driver of a family whose VFs are bound to
+// none, and the RDMA drivers planRDMA found needed; the RDMA core where
+// any RDMA is.
+func (h *host) modules() []module {
+	var out []module
+	have := func(name string) bool { return slices.ContainsFunc(out, func(m module) bool { return m.name == name }) }
+	if slices.ContainsFunc(h.snap.Devices, func(d nic.Device) bool { return isConnectX(&d) }) {
+		out = append(out, mlx5Modules...)
+	}
+	unbound := map[string][]string{} // VF driver -> its unbound VFs
+	var vfDrivers []string
+	for i := range h.snap.Devices {
+		d := &h.snap.Devices[i]
+		if isConnectX(d) || d.IsVFIO() {
+			continue
+		}
+		f, known := h.familyOf(d)
+		if d.Driver == "" {
+			if known && d.IsVF() {
+				if unbound[f.VFDriver] == nil {
+					vfDrivers = append(vfDrivers, f.VFDriver)
+				}
+				unbound[f.VFDriver] = append(unbound[f.VFDriver], d.PCIAddress)
+			}
+			continue
+		}
+		if have(d.Driver) {
+			continue
+		}
+		what := "the driver of the node's vendor " + d.Vendor + " functions"
+		if known {
+			what = "the " + f.Name + " driver"
+		}
+		out = append(out, module{d.Driver, Fail, "bus/pci/drivers/" + d.Driver, what + ": no netdevs or VFs on its functions without it"})
+	}
+	for _, drv := range vfDrivers {
+		if !have(drv) {
+			out = append(out, module{drv, Warn, "bus/pci/drivers/" + drv,
+				fmt.Sprintf("%s bound to no driver (%s would take them): no netdevs on them", plural(len(unbound[drv]), "VF is", "VFs are"), drv)})
+		}
+	}
+	for _, f := range h.rdmaFamilies {
+		if f.Name == connectX.Name || have(f.RDMADriver) {
+			continue
+		}
+		ev := rdmaEvidence[f.RDMADriver]
+		if ev == "" {
+			ev = "module/" + f.RDMADriver
+		}
+		out = append(out, module{f.RDMADriver, Fail, ev,
+			fmt.Sprintf("no RDMA devices on the %s functions (%s): NCCL logs \"NET/IB : No device found\" and uses sockets", f.Name, familyDrivers(f))})
+	}
+	if h.rdmaCore {
+		out = append(out, coreModules...)
+	}
+	return out
 }
 
 func (h *host) checkModules() {
 	var loaded []string
-	for _, m := range modules {
+	connectXNode := slices.ContainsFunc(h.snap.Devices, func(d nic.Device) bool { return isConnectX(&d) })
+	for _, m := range h.modules() {
 		dir := h.sys("module", m.name)
 		if _, err := os.Stat(dir); err == nil {
 			if st, err := read(filepath.Join(dir, "initstate")); err == nil && st != "live" {
@@ -47,12 +123,27 @@ func (h *host) checkModules() {
 			loaded = append(loaded, m.name+" (built in)")
 			continue
 		}
-		h.addf("kernel-module", m.missing, m.name,
-			fmt.Sprintf("modprobe %s, and load it at boot (echo %s >> /etc/modules-load.d/rdma.conf); with the NVIDIA network operator, check its driver container", m.name, m.name),
+		fix := fmt.Sprintf("modprobe %s, and load it at boot (echo %s >> /etc/modules-load.d/rdma.conf)", m.name, m.name)
+		// The NVIDIA network operator's driver container loads mlx5 and
+		// the RDMA core, not other vendors' drivers.
+		if connectXNode && (strings.HasPrefix(m.name, "mlx5_") || slices.ContainsFunc(coreModules, func(c module) bool { return c.name == m.name })) {
+			fix += "; with the NVIDIA network operator, check its driver container"
+		}
+		h.addf("kernel-module", m.missing, m.name, fix,
 			"%s is not loaded (no /sys/module/%s): %s", m.name, m.name, m.why)
 	}
 	if len(loaded) > 0 {
 		h.add("kernel-module", OK, strings.Join(loaded, ", "), "loaded", "")
+	}
+	if !h.rdmaCore {
+		why := "no function here has an RDMA device or can have one"
+		if h.opts.Config != nil {
+			why = "no pool asks for an RDMA device (isRdma, or a shared pool) on a function that can have one"
+		}
+		if fams := h.noRDMAFamilies(); len(fams) > 0 {
+			why += "; " + strings.Join(fams, " and ") + " have no RDMA in the kernel"
+		}
+		h.add("kernel-module", Skip, "ib_uverbs, ib_umad, rdma_ucm", "RDMA modules not checked: "+why, "")
 	}
 }
 
@@ -83,9 +174,12 @@ func (h *host) classDevs() map[string][]classDev {
 
 func (h *host) checkCharDevices() {
 	const name = "char-device"
+	if !h.rdmaCore {
+		return // no RDMA here, nor asked for: the modules check says so
+	}
 	devDir := filepath.Join(h.root, rdma.DevDir)
 	if _, err := os.Stat(devDir); err != nil {
-		h.addf(name, Fail, devDir, "modprobe mlx5_ib ib_uverbs; in the plugin's pod, the DaemonSet mounts the node's /dev/infiniband",
+		h.addf(name, Fail, devDir, "modprobe "+strings.TrimSpace(h.rdmaDriverNames()+" ib_uverbs")+"; in the plugin's pod, the DaemonSet mounts the node's /dev/infiniband",
 			"%s does not exist: no RDMA char devices at all, so no pod can open an HCA", devDir)
 		return
 	}

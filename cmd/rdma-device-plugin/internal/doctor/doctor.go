@@ -145,9 +145,14 @@ type host struct {
 	snap  *nic.Snapshot
 	pools []pool.Pool
 	// targets are the functions whose RDMA devices the checks look at:
-	// the pools' devices, or every Mellanox function with an RDMA device
-	// when there is no config.
+	// the pools' devices, or every function with an RDMA device when
+	// there is no config.
 	targets []nic.Device
+	// rdmaFamilies are the families whose RDMA driver the node needs
+	// (planRDMA), ConnectX first; rdmaCore says whether it needs the
+	// RDMA core at all (ib_uverbs, /dev/infiniband).
+	rdmaFamilies []nic.Family
+	rdmaCore     bool
 	// allocated are device IDs the kubelet's checkpoint says pods hold.
 	allocated map[string]string // ID -> resource
 	cp        *checkpoint
@@ -239,7 +244,7 @@ func (h *host) scan() bool {
 		h.add("config", Fail, h.opts.ConfigPath, h.opts.ConfigErr.Error(),
 			"fix the pool config (the plugin keeps its last good config; a restarted plugin has none)")
 	case h.opts.Config == nil:
-		h.add("config", Skip, "", "no pool config given: checking every Mellanox function instead of the pools'",
+		h.add("config", Skip, "", "no pool config given: checking every function with an RDMA device instead of the pools'",
 			"pass --config (in the plugin's pod: /etc/fastpath/config.json)")
 	default:
 		h.pools, _ = pool.Build(h.opts.Config, snap.Devices)
@@ -264,10 +269,11 @@ func (h *host) scan() bool {
 	}
 	if len(snap.Devices) == 0 {
 		h.add("discovery", Fail, h.sys("bus", "pci", "devices"),
-			"no Mellanox/NVIDIA (vendor 15b3) NIC function on this node",
-			"check that the node has ConnectX NICs (lspci -d 15b3:) and that mlx5_core is loaded; in a container, mount the node's /sys")
+			"no SR-IOV NIC function of any vendor (a network PF with sriov_totalvfs, or a VF), no network function with an RDMA device and no ConnectX function on this node: nothing for fastpath to serve",
+			"lspci -nn -d ::0200 and -d ::0207 list the node's network functions: enable SR-IOV for them in the NIC's firmware and the server's BIOS, and load their driver; in a container, mount the node's /sys")
 		return false
 	}
+	h.planRDMA()
 	return true
 }
 

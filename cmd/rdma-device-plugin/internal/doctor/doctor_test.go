@@ -54,6 +54,12 @@ func writeHost(t *testing.T, root, name string) {
 	case "generate-novfs":
 		require.NoError(t, fixture.Generate(root, 1, 0))
 	default:
+		if build, ok := vendorHosts[name]; ok {
+			b, err := fixture.NewBuilder(root)
+			require.NoError(t, err)
+			require.NoError(t, build(b))
+			return
+		}
 		require.NoError(t, fixture.Write(root, name))
 	}
 }

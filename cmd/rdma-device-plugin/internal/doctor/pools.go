@@ -21,7 +21,7 @@ type field struct {
 	missing func(d *nic.Device) bool
 }
 
-func fields(s pool.Selector) []field {
+func (h *host) fields(s pool.Selector) []field {
 	no := func(*nic.Device) bool { return false }
 	var out []field
 	add := func(set bool, name string, sel pool.Selector, missing func(*nic.Device) bool) {
@@ -31,7 +31,13 @@ func fields(s pool.Selector) []field {
 	}
 	add(len(s.Vendors) > 0, "vendors", pool.Selector{Vendors: s.Vendors}, no)
 	add(len(s.Devices) > 0, "devices", pool.Selector{Devices: s.Devices}, no)
-	add(len(s.Drivers) > 0, "drivers", pool.Selector{Drivers: s.Drivers}, func(*nic.Device) bool { return true })
+	add(len(s.Drivers) > 0, "drivers", pool.Selector{Drivers: s.Drivers}, func(d *nic.Device) bool {
+		// Rebinding helps a function whose own netdevice driver the
+		// selector names (or a ConnectX one, or one of a family fastpath
+		// does not know), not an iavf VF a selector of mlx5_core passes over.
+		drv := h.driverOf(d)
+		return isConnectX(d) || drv == "" || slices.Contains(s.Drivers, drv)
+	})
 	add(len(s.PCIAddresses) > 0, "pciAddresses", pool.Selector{PCIAddresses: s.PCIAddresses}, no)
 	add(len(s.PFNames) > 0, "pfNames", pool.Selector{PFNames: s.PFNames}, func(d *nic.Device) bool { return d.PFNetdev == "" })
 	add(len(s.RootDevices) > 0, "rootDevices", pool.Selector{RootDevices: s.RootDevices}, no)
@@ -42,9 +48,11 @@ func fields(s pool.Selector) []field {
 		// still tells an InfiniBand function from an Ethernet one.
 		c := *d
 		c.LinkType = classLinkType(d.Class)
-		return d.LinkType == "" && links.Matches(&c)
+		return d.LinkType == "" && links.Matches(&c) && h.mayHaveRDMA(d)
 	})
-	add(s.IsRdma, "isRdma", pool.Selector{IsRdma: true}, func(*nic.Device) bool { return true })
+	// An RDMA device is missing only where the kernel can give one: an
+	// iavf or igbvf VF lacks none (checkNeverRDMA says so, once a pool).
+	add(s.IsRdma, "isRdma", pool.Selector{IsRdma: true}, h.mayHaveRDMA)
 	return out
 }
 
@@ -63,9 +71,9 @@ func classLinkType(class string) string {
 
 // rejection is why one selector does not take d: the fields it fails,
 // and whether each failure is a missing attribute.
-func rejection(s pool.Selector, d *nic.Device) (failed []string, onlyMissing bool) {
+func (h *host) rejection(s pool.Selector, d *nic.Device) (failed []string, onlyMissing bool) {
 	onlyMissing = true
-	for _, f := range fields(s) {
+	for _, f := range h.fields(s) {
 		if !f.sel.Matches(d) {
 			failed = append(failed, f.name)
 			onlyMissing = onlyMissing && f.missing(d)
@@ -121,10 +129,13 @@ func (h *host) checkPools() {
 			if n == 0 {
 				fix := "edit the selector in the pool config (rdma-device-plugin discover shows what the node has)"
 				if slices.ContainsFunc(h.snap.Devices, func(d nic.Device) bool {
-					failed, onlyMissing := rejection(s, &d)
+					failed, onlyMissing := h.rejection(s, &d)
 					return len(failed) > 0 && onlyMissing && candidate(p, &d)
 				}) {
 					fix = "not a config mistake: the node's functions lack what the selector asks for (see the sriov findings)"
+				}
+				if h.neverOnly(p, s) {
+					continue // checkNeverRDMA says it, once for the pool
 				}
 				h.add("pool", st, subject, p.ResourceName()+": "+h.explainNoMatch(s), fix)
 				continue
@@ -140,6 +151,7 @@ func (h *host) checkPools() {
 					p.ResourceName(), strings.Join(owners, ", "))
 			}
 		}
+		h.checkNeverRDMA(p)
 		if len(p.Devices) == 0 {
 			continue
 		}
@@ -155,7 +167,7 @@ func (h *host) checkPools() {
 // satisfies.
 func (h *host) explainNoMatch(s pool.Selector) string {
 	var reasons []string
-	for _, f := range fields(s) {
+	for _, f := range h.fields(s) {
 		n := 0
 		for k := range h.snap.Devices {
 			if f.sel.Matches(&h.snap.Devices[k]) {
@@ -163,7 +175,7 @@ func (h *host) explainNoMatch(s pool.Selector) string {
 			}
 		}
 		if n == 0 {
-			reasons = append(reasons, fmt.Sprintf("%s %s: %s", f.name, value(s, f.name), h.have(f.name)))
+			reasons = append(reasons, fmt.Sprintf("%s %s: %s", f.name, value(s, f.name), h.have(f.name, s)))
 		}
 	}
 	if len(reasons) == 0 {
@@ -190,7 +202,7 @@ func value(s pool.Selector, field string) string {
 }
 
 // have says what the node has for a selector field, e.g. the device IDs.
-func (h *host) have(field string) string {
+func (h *host) have(field string, s pool.Selector) string {
 	var vals []string
 	addVal := func(v string) {
 		if v != "" && !slices.Contains(vals, v) {
@@ -221,10 +233,54 @@ func (h *host) have(field string) string {
 	}
 	slices.Sort(vals)
 	if field == "isRdma" || (field == "linkTypes" && len(vals) == 0) {
-		return "no function has an RDMA device (is mlx5_ib loaded?)"
+		return "no function has an RDMA device (" + h.selectorRDMAHint(s) + ")"
 	}
 	if len(vals) == 0 {
 		return "the node has none"
 	}
 	return "the node has " + list(vals, 8)
+}
+
+// selectorRDMAHint is what to check when no function has the RDMA device
+// s asks for: the hints of the families of the functions s would select
+// with one, or of the node's.
+func (h *host) selectorRDMAHint(s pool.Selector) string {
+	var hints []string
+	add := func(d *nic.Device) {
+		if hint := h.rdmaHint(d); !slices.Contains(hints, hint) {
+			hints = append(hints, hint)
+		}
+	}
+	for i := range h.snap.Devices {
+		if d := &h.snap.Devices[i]; selectsButRDMA(s, d) {
+			add(d)
+		}
+	}
+	if len(hints) == 0 {
+		for i := range h.snap.Devices {
+			add(&h.snap.Devices[i])
+		}
+	}
+	return strings.Join(hints, "; ")
+}
+
+// neverOnly reports whether the functions selector s of p would take
+// with an RDMA device are all of families that never have one: the pool
+// line of checkNeverRDMA is then all there is to say.
+func (h *host) neverOnly(p *pool.Pool, s pool.Selector) bool {
+	if !wantsRDMA(p, &s) {
+		return false
+	}
+	never := false
+	for i := range h.snap.Devices {
+		d := &h.snap.Devices[i]
+		if !candidate(p, d) || !selectsButRDMA(s, d) {
+			continue
+		}
+		if h.mayHaveRDMA(d) {
+			return false
+		}
+		never = true
+	}
+	return never
 }

@@ -37,6 +37,10 @@ func TestPoolsAndVFs(t *testing.T) {
 		{name: "unbound VF", host: "edge", config: edgeConfig, check: "sriov", st: Warn, want: []string{"0000:86:00.2", "bound to no driver", "mlx5_core/bind"}},
 		{name: "VF without RDMA device", host: "edge", config: edgeConfig, check: "sriov", st: Warn, want: []string{"0000:86:00.4", "no RDMA device", "enable_rdma"}},
 		{name: "VF bound to vfio-pci", host: "edge", config: edgeConfig, check: "sriov", st: Warn, want: []string{"0000:86:00.1", "bound to vfio-pci", "driverctl"}},
+		{name: "VF bound to vfio-pci, selected without a driver", host: "edge", config: `{"resourceList":[{"resourceName":"r","selectors":{"devices":["101c"],"isRdma":true}}]}`,
+			check: "sriov", st: Warn, want: []string{"0000:86:00.1 | 1 function: bound to vfio-pci, which gives no RDMA device", "mlx5_core/bind"}},
+		{name: "unbound VF, selected without a driver", host: "edge", config: `{"resourceList":[{"resourceName":"r","selectors":{"devices":["101c"],"isRdma":true}}]}`,
+			check: "sriov", st: Warn, want: []string{"0000:86:00.2 | 1 function: bound to no driver", "mlx5_core/bind"}},
 		{name: "pool VF without RDMA device", host: "edge", config: `{"resourceList":[{"resourceName":"r","selectors":{"devices":["101c"],"drivers":["mlx5_core"]}}]}`,
 			check: "sriov", st: Warn, want: []string{"0000:86:00.4", "without an RDMA device", "isRdma"}},
 		{name: "VF range beyond numvfs", host: "edge", config: `{"resourceList":[{"resourceName":"r","selectors":{"pfNames":["ibp134s0#0-7"]}}]}`,
@@ -86,7 +90,9 @@ func TestNoNICs(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.Add(fixture.Function{Address: "0000:01:00.0", Vendor: "8086", Device: "159b", Class: "0x020000", Driver: "ice", Parent: "pci0000:00", IOMMUGroup: -1}))
 	r := Run(Options{HostRoot: root})
-	requireCheck(t, r, "discovery", Fail, "no Mellanox/NVIDIA")
+	requireCheck(t, r, "discovery", Fail, "no SR-IOV NIC function of any vendor", "no network function with an RDMA device", "sriov_totalvfs")
+	require.NotContains(t, text(r), "Mellanox")
+	require.NotContains(t, text(r), "15b3")
 	require.Empty(t, find(r, "kernel-module"), "nothing else is said of a node without our NICs")
 	requireCheck(t, Run(Options{HostRoot: t.TempDir()}), "discovery", Fail, "cannot scan")
 }

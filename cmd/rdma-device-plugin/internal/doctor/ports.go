@@ -1,8 +1,10 @@
 package doctor
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -53,9 +55,10 @@ func (h *host) ports(dev string) []port {
 	return out
 }
 
-// problem says what keeps NCCL off a port ("" when nothing) and the fix.
+// problem says what keeps NCCL off a port ("" when nothing) and the fix
+// (mlxlink on ConnectX, ethtool elsewhere).
 // NCCL uses only ACTIVE ports of link layer InfiniBand or Ethernet.
-func (p port) problem(netdev string) (msg, fix string) {
+func (p port) problem(netdev string, connectX bool) (msg, fix string) {
 	noSM := p.linkLayer == rdma.LinkLayerInfiniBand && (p.smLID == "0x0" || p.smLID == "0")
 	switch {
 	case p.phys != "" && p.phys != "LinkUp":
@@ -69,7 +72,13 @@ func (p port) problem(netdev string) (msg, fix string) {
 		if why == "" {
 			why = "the physical link is not up"
 		}
+		if !connectX && p.phys == "Disabled" {
+			why = "the port is disabled (by an admin or the switch)" // mlxlink is ConnectX's
+		}
 		fix := "check the cable and the switch port; mlxlink -d <pci> shows the link"
+		if !connectX {
+			fix = "check the cable and the switch port; ethtool " + cmp.Or(netdev, "<netdev>") + " shows the link"
+		}
 		if p.phys == "Disabled" && netdev != "" && p.linkLayer == rdma.LinkLayerEthernet {
 			fix = "ip link set " + netdev + " up; if it stays down, check the switch port"
 		}
@@ -123,6 +132,14 @@ func (h *host) checkPorts() {
 		}
 	}
 	badPF := map[string]string{} // PF address -> its problem
+	// A VF's port down while its PF's is up is said once for the VFs of
+	// that PF with the same problem, not once a VF.
+	type vfGroup struct {
+		pf, msg, fix string
+		first        nic.Device // whose address and netdev fix names
+		subjects     []string
+	}
+	var vfGroups []*vfGroup
 	n, ib := 0, 0
 	for _, s := range subjects {
 		for _, p := range h.ports(s.d.RDMADevice) {
@@ -130,23 +147,41 @@ func (h *host) checkPorts() {
 			if p.linkLayer == rdma.LinkLayerInfiniBand {
 				ib++
 			}
-			msg, fix := p.problem(s.d.Netdev)
+			msg, fix := p.problem(s.d.Netdev, isConnectX(&s.d))
 			if msg == "" {
 				continue
 			}
-			fix = strings.ReplaceAll(fix, "<pci>", s.d.PCIAddress)
 			if s.d.IsVF() && badPF[s.d.PFAddress] != "" {
 				continue // said on its PF
 			}
-			if !s.d.IsVF() {
-				badPF[s.d.PCIAddress] = msg
-			}
 			subj := fmt.Sprintf("%s port %d (%s %s)", p.dev, p.num, s.d.PCIAddress, orDash(s.d.Netdev))
+			if s.d.IsVF() {
+				k := slices.IndexFunc(vfGroups, func(g *vfGroup) bool { return g.pf == s.d.PFAddress && g.msg == msg })
+				if k < 0 {
+					k = len(vfGroups)
+					vfGroups = append(vfGroups, &vfGroup{pf: s.d.PFAddress, msg: msg, fix: strings.ReplaceAll(fix, "<pci>", s.d.PCIAddress), first: s.d})
+				}
+				vfGroups[k].subjects = append(vfGroups[k].subjects, subj)
+				continue
+			}
+			badPF[s.d.PCIAddress] = msg
+			fix = strings.ReplaceAll(fix, "<pci>", s.d.PCIAddress)
 			if s.vfs > 0 {
 				msg += fmt.Sprintf(", and the %s of the pools behind it are down with it", plural(s.vfs, "VF", "VFs"))
 			}
 			h.add(name, Fail, subj, msg, fix)
 		}
+	}
+	for _, g := range vfGroups {
+		if len(g.subjects) == 1 {
+			h.add(name, Fail, g.subjects[0], g.msg, g.fix)
+			continue
+		}
+		fix := strings.ReplaceAll(g.fix, g.first.PCIAddress, "<each>")
+		if g.first.Netdev != "" {
+			fix = strings.ReplaceAll(fix, g.first.Netdev, "<each>")
+		}
+		h.add(name, Fail, list(g.subjects, 4), fmt.Sprintf("%d VFs of %s, whose own port is up: %s", len(g.subjects), g.pf, g.msg), fix)
 	}
 	if n > 0 && !h.failed(name) {
 		sm := ""
@@ -226,6 +261,13 @@ var ErrNoLink = errors.New("no such network interface in this network namespace"
 func (h *host) checkRoCEGIDs() {
 	const name = "roce-gid"
 	checked, elsewhere := 0, 0
+	// Missing GIDs are said once a PF (its own and its VFs' netdevs):
+	// one cause (RoCE v2 off, addresses on a bond above them) misses
+	// them on every VF alike.
+	type missing struct{ subject, netdev, addr string }
+	byPF := map[string][]missing{}
+	var pfs, unread []string
+	var readErr error
 	for _, d := range h.targets {
 		if d.LinkType != rdma.LinkLayerEthernet || d.RDMADevice == "" || d.Netdev == "" {
 			continue
@@ -243,22 +285,49 @@ func (h *host) checkRoCEGIDs() {
 			case errors.Is(err, ErrNoLink):
 				elsewhere++
 			case err != nil:
-				h.addf(name, Skip, d.Netdev, "", "cannot read its addresses: %v", err)
+				unread, readErr = append(unread, d.Netdev), err
 			}
 			for _, a := range got {
 				addrs[a] = true
 			}
 		}
 		checked++
-		for a := range addrs {
+		sorted := slices.Sorted(maps.Keys(addrs))
+		for _, a := range sorted {
 			ip := net.ParseIP(a)
 			if slices.ContainsFunc(table, func(g gidEntry) bool { return g.typ == "RoCE v2" && g.netdev == d.Netdev && g.ip.Equal(ip) }) {
 				continue
 			}
-			h.addf(name, Fail, fmt.Sprintf("%s port 1 (%s)", d.RDMADevice, d.Netdev),
-				"the kernel adds the GIDs of an address configured on the netdev itself (not on a bond or bridge above it): re-add it (ip addr del/add), and check that RoCE v2 is enabled (cma_roce_mode); do not pin NCCL_IB_GID_INDEX",
-				"%s has %s but its port has no RoCE v2 GID for it: NCCL falls back to a GID that does not route between nodes, and connections time out (ibv_modify_qp failed with 110)", d.Netdev, a)
+			pf := cmp.Or(d.PFAddress, d.PCIAddress)
+			if byPF[pf] == nil {
+				pfs = append(pfs, pf)
+			}
+			byPF[pf] = append(byPF[pf], missing{fmt.Sprintf("%s port 1 (%s)", d.RDMADevice, d.Netdev), d.Netdev, a})
 		}
+	}
+	const fix = "the kernel adds the GIDs of an address configured on the netdev itself (not on a bond or bridge above it): re-add it (ip addr del/add), and check that RoCE v2 is enabled (cma_roce_mode); do not pin NCCL_IB_GID_INDEX"
+	const effect = "NCCL falls back to a GID that does not route between nodes, and connections time out (ibv_modify_qp failed with 110)"
+	for _, pf := range pfs {
+		m := byPF[pf]
+		if len(m) == 1 {
+			h.addf(name, Fail, m[0].subject, fix, "%s has %s but its port has no RoCE v2 GID for it: %s", m[0].netdev, m[0].addr, effect)
+			continue
+		}
+		var subjects, have []string
+		for _, x := range m {
+			if !slices.Contains(subjects, x.subject) {
+				subjects = append(subjects, x.subject)
+			}
+			have = append(have, x.netdev+" "+x.addr)
+		}
+		h.addf(name, Fail, list(subjects, 4), fix, "%d addresses on the netdevs of %s have no RoCE v2 GID on their ports (%s): %s", len(m), pf, list(have, 4), effect)
+	}
+	if len(unread) > 0 {
+		whose := "their"
+		if len(unread) == 1 {
+			whose = "its"
+		}
+		h.addf(name, Skip, list(unread, 4), "", "cannot read %s addresses: %v", whose, readErr)
 	}
 	switch {
 	case checked == 0:

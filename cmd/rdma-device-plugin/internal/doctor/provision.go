@@ -26,19 +26,34 @@ func (h *host) checkProvision() {
 		if pf.Netdev != "" {
 			subject += " (" + pf.Netdev + ")"
 		}
+		// mlxconfig is ConnectX's; other vendors' firmware has its own tool.
+		mlx := true
+		if d, ok := h.snap.Device(pf.Address); ok {
+			mlx = isConnectX(d)
+		}
 		have := fmt.Sprintf("policy %s wants %d VFs, the PF has %d (sriov_totalvfs %d)", pf.Policy, pf.Want, pf.NumVFs, pf.TotalVFs)
 		switch {
 		case errors.Is(pf.Refused, provision.ErrFirmware):
-			h.add("provision", Fail, subject, have+": SR-IOV is off in the NIC's firmware",
-				fmt.Sprintf("mlxconfig -d %s set SRIOV_EN=1 NUM_OF_VFS=%d, then reboot (or mlxfwreset); the plugin creates the VFs at its next start", pf.Address, max(pf.Want, 8)))
+			fix := fmt.Sprintf("mlxconfig -d %s set SRIOV_EN=1 NUM_OF_VFS=%d, then reboot (or mlxfwreset); the plugin creates the VFs at its next start", pf.Address, max(pf.Want, 8))
+			if !mlx {
+				fix = fmt.Sprintf("enable SR-IOV for %s in the server's BIOS/UEFI and in the NIC's firmware (its vendor's tool), then reboot; the plugin creates the VFs at its next start", pf.Address)
+			}
+			h.add("provision", Fail, subject, have+": SR-IOV is off in the NIC's firmware", fix)
 		case errors.Is(pf.Refused, provision.ErrTotalVFs):
-			h.add("provision", Fail, subject, have+": numVfs is above what the firmware allows",
-				fmt.Sprintf("lower numVfs to %d or less, or mlxconfig -d %s set NUM_OF_VFS=%d and reboot", pf.TotalVFs, pf.Address, pf.Want))
+			fix := fmt.Sprintf("lower numVfs to %d or less, or mlxconfig -d %s set NUM_OF_VFS=%d and reboot", pf.TotalVFs, pf.Address, pf.Want)
+			if !mlx {
+				fix = fmt.Sprintf("lower numVfs to %d or less (sriov_totalvfs is what the NIC's firmware allows)", pf.TotalVFs)
+			}
+			h.add("provision", Fail, subject, have+": numVfs is above what the firmware allows", fix)
 		case errors.Is(pf.Refused, provision.ErrBusy):
 			h.add("provision", Warn, subject, pf.Refused.Error(),
 				"the plugin retries every 30 s and changes the PF once those pods are gone; drain the node to do it now")
 		case errors.Is(pf.Refused, provision.ErrLinkType), pf.Refused != nil:
-			h.add("provision", Fail, subject, pf.Refused.Error(), "make the policy's linkType match the port, or change the port's link type with mlxconfig")
+			fix := "make the policy's linkType match the port, or change the port's link type with mlxconfig"
+			if !mlx {
+				fix = "make the policy's linkType match the port"
+			}
+			h.add("provision", Fail, subject, pf.Refused.Error(), fix)
 		case pf.External && pf.NumVFs < pf.Want:
 			h.add("provision", Fail, subject, have+" (externallyManaged: fastpath creates none)",
 				fmt.Sprintf("create them: echo %d > /sys/bus/pci/devices/%s/sriov_numvfs", pf.Want, pf.Address))

@@ -23,17 +23,25 @@ func named(p *pool.Pool, pf *nic.Device) bool {
 }
 
 // wouldBeVF is the VF a PF would have once sriov_numvfs is raised: its
-// device ID from sriov_vf_device, bound like its PF (sriov_drivers_autoprobe),
-// with an RDMA device when the PF has one.
+// device ID from sriov_vf_device, bound to its family's VF driver
+// (sriov_drivers_autoprobe), with an RDMA device when the PF has one and
+// its family gives VFs one too.
 func (h *host) wouldBeVF(pf *nic.Device) (nic.Device, bool) {
 	id, err := read(h.sys("bus", "pci", "devices", pf.PCIAddress, "sriov_vf_device"))
 	if err != nil || id == "" {
 		return nic.Device{}, false
 	}
+	driver, rdmaDev := pf.Driver, pf.RDMADevice
+	if f, ok := h.familyOf(pf); ok && !isConnectX(pf) {
+		driver = f.VFDriver
+		if !f.HasRDMA(true) {
+			rdmaDev = ""
+		}
+	}
 	return nic.Device{
 		PCIAddress: pf.PCIAddress + "#0", Vendor: pf.Vendor, DeviceID: fmt.Sprintf("%04s", id), Class: pf.Class,
-		Driver: pf.Driver, NUMANode: pf.NUMANode, PFAddress: pf.PCIAddress, VFIndex: 0,
-		Netdev: "(vf netdev)", PFNetdev: pf.Netdev, LinkType: pf.LinkType, RDMADevice: pf.RDMADevice,
+		Driver: driver, NUMANode: pf.NUMANode, PFAddress: pf.PCIAddress, VFIndex: 0,
+		Netdev: "(vf netdev)", PFNetdev: pf.Netdev, LinkType: pf.LinkType, RDMADevice: rdmaDev,
 	}, true
 }
 
@@ -68,7 +76,7 @@ func (h *host) checkVFs() {
 			isNamed := named(p, pf)
 			if pf.TotalVFs == 0 {
 				if isNamed {
-					h.addf("sriov", Fail, pf.PCIAddress, fmt.Sprintf("mlxconfig -d %s set SRIOV_EN=1 NUM_OF_VFS=16, then a firmware reset or reboot", pf.PCIAddress),
+					h.addf("sriov", Fail, pf.PCIAddress, firmwareFix(pf, 16),
 						"%s names this PF, but it has no SR-IOV capability (sriov_totalvfs missing): SR-IOV is off in its firmware", p.ResourceName())
 				}
 				continue
@@ -113,21 +121,43 @@ func orDash(s string) string {
 	return s
 }
 
-// reason explains why a VF the pool expects is left out, from the
-// selector fields it fails for lack of something.
-func reason(d *nic.Device, failed []string) (why, fix string) {
-	switch {
-	case slices.Contains(failed, "drivers") && d.Driver == "":
-		return "bound to no driver", fmt.Sprintf("echo %s > /sys/bus/pci/drivers/mlx5_core/bind (and keep sriov_drivers_autoprobe at 1 on its PF)", d.PCIAddress)
-	case slices.Contains(failed, "drivers"):
-		return "bound to " + d.Driver + ", not the selector's driver",
-			fmt.Sprintf("rebind it: echo %s > /sys/bus/pci/drivers/%s/unbind; echo %s > /sys/bus/pci/drivers/mlx5_core/bind (driverctl unset-override %s if driverctl pinned it)", d.PCIAddress, d.Driver, d.PCIAddress, d.PCIAddress)
-	case slices.Contains(failed, "isRdma") || slices.Contains(failed, "linkTypes"):
-		return "no RDMA device", fmt.Sprintf("modprobe mlx5_ib; if it is loaded, RDMA may be off for this function: devlink dev param show pci/%s name enable_rdma", d.PCIAddress)
-	case slices.Contains(failed, "ifNames"):
-		return "no netdev", "check dmesg for mlx5_core errors on " + d.PCIAddress
+// firmwareFix turns SR-IOV on in a PF's firmware: mlxconfig on ConnectX,
+// the vendor's own tool and the BIOS elsewhere.
+func firmwareFix(pf *nic.Device, vfs int) string {
+	if isConnectX(pf) {
+		return fmt.Sprintf("mlxconfig -d %s set SRIOV_EN=1 NUM_OF_VFS=%d, then a firmware reset or reboot", pf.PCIAddress, vfs)
 	}
-	return "its PF has no netdev", "check dmesg for mlx5_core errors on " + d.PFAddress
+	return "enable SR-IOV for " + pf.PCIAddress + " in the server's BIOS/UEFI and in the NIC's firmware (its vendor's tool), then reboot"
+}
+
+// reason explains why a VF the pool expects is left out, from the
+// selector fields it fails for lack of something, with the fix for its
+// family.
+func (h *host) reason(d *nic.Device, failed []string) (why, fix string) {
+	rdmaFailed := slices.Contains(failed, "isRdma") || slices.Contains(failed, "linkTypes")
+	switch {
+	case d.Driver == "": // no driver, no netdev and no RDMA device either
+		return "bound to no driver", h.bindFix(d, "")
+	case slices.Contains(failed, "drivers"):
+		return "bound to " + d.Driver + ", not the selector's driver", h.bindFix(d, d.Driver)
+	case rdmaFailed && d.IsVFIO():
+		// vfio-pci hands the whole function to user space: no RDMA
+		// device however the RDMA driver is.
+		return "bound to vfio-pci, which gives no RDMA device", h.bindFix(d, d.Driver)
+	case rdmaFailed:
+		f, ok := h.familyOf(d)
+		if !ok {
+			return "no RDMA device", "load its vendor's RDMA driver (rdma link show lists the RDMA devices the kernel made)"
+		}
+		return "no RDMA device", fmt.Sprintf("modprobe %s; if it is loaded, %s", f.RDMADriver, rdmaOffHint(f, d.PCIAddress))
+	case slices.Contains(failed, "ifNames"):
+		return "no netdev", h.dmesgFix(d, d.PCIAddress)
+	}
+	pf := d
+	if p, ok := h.snap.Device(d.PFAddress); ok {
+		pf = p
+	}
+	return "its PF has no netdev", h.dmesgFix(pf, d.PFAddress)
 }
 
 // checkExpectedVFs reports functions a pool would take but for
@@ -135,6 +165,7 @@ func reason(d *nic.Device, failed []string) (why, fix string) {
 // is missing, and VF indices a pool names that do not exist.
 func (h *host) checkExpectedVFs() {
 	type group struct {
+		why          string
 		addrs, pools []string
 		fix          string
 		st           Status
@@ -153,19 +184,23 @@ func (h *host) checkExpectedVFs() {
 				continue
 			}
 			for _, s := range p.Selectors {
-				failed, onlyMissing := rejection(s, d)
+				failed, onlyMissing := h.rejection(s, d)
 				if len(failed) == 0 && d.Driver == "" {
 					failed = []string{"drivers"} // pool.Build leaves unbound functions out
 				}
 				if len(failed) == 0 || !onlyMissing {
 					continue
 				}
-				why, fix := reason(d, failed)
-				g := groups[why]
+				why, fix := h.reason(d, failed)
+				key := why
+				if f, ok := h.familyOf(d); ok && f.Name != connectX.Name {
+					key += " (" + f.Name + ")" // each family its own line, with its own fix
+				}
+				g := groups[key]
 				if g == nil {
-					g = &group{fix: fix, st: st}
-					groups[why] = g
-					order = append(order, why)
+					g = &group{why: why, fix: fix, st: st}
+					groups[key] = g
+					order = append(order, key)
 				}
 				if !slices.Contains(g.addrs, d.PCIAddress) {
 					g.addrs = append(g.addrs, d.PCIAddress)
@@ -181,13 +216,13 @@ func (h *host) checkExpectedVFs() {
 		}
 		h.checkVFRanges(p, st)
 	}
-	for _, why := range order {
-		g := groups[why]
+	for _, key := range order {
+		g := groups[key]
 		fix := g.fix
 		if len(g.addrs) > 1 {
 			fix = strings.ReplaceAll(fix, g.addrs[0], "<each>")
 		}
-		h.addf("sriov", g.st, list(g.addrs, 4), fix, "%s: %s — left out of %s", plural(len(g.addrs), "function", "functions"), why,
+		h.addf("sriov", g.st, list(g.addrs, 4), fix, "%s: %s — left out of %s", plural(len(g.addrs), "function", "functions"), g.why,
 			strings.Join(g.pools, " and "))
 	}
 }
@@ -229,23 +264,47 @@ func (h *host) checkPoolVFs() {
 			continue
 		}
 		var noNetdev, noRDMA []string
-		for _, d := range p.Devices {
+		var netdevFixes, rdmaDrivers []string
+		hasRDMA := slices.ContainsFunc(p.Devices, func(d nic.Device) bool { return d.RDMADevice != "" })
+		for i := range p.Devices {
+			d := &p.Devices[i]
 			if d.IsVFIO() {
 				continue
 			}
 			if d.Netdev == "" && h.allocated[d.PCIAddress] == "" {
 				noNetdev = append(noNetdev, d.PCIAddress)
+				fix := "check dmesg for its driver's errors; rebind the VF to its netdevice driver (echo <pci> > /sys/bus/pci/drivers_probe)"
+				if drv := h.driverOf(d); drv != "" {
+					fix = "check dmesg for " + drv + " errors; rebind the VF to " + drv
+				}
+				if !slices.Contains(netdevFixes, fix) {
+					netdevFixes = append(netdevFixes, fix)
+				}
 			}
-			if d.RDMADevice == "" {
+			// A pool of functions that never have RDMA (igbvf, iavf) is
+			// an Ethernet pool; one that mixes them with RDMA devices
+			// hands some pods no HCA.
+			if d.RDMADevice == "" && (hasRDMA || h.mayHaveRDMA(d)) {
 				noRDMA = append(noRDMA, d.PCIAddress)
+				if f, ok := h.familyOf(d); ok && f.HasRDMA(d.IsVF()) && !slices.Contains(rdmaDrivers, f.RDMADriver) {
+					rdmaDrivers = append(rdmaDrivers, f.RDMADriver)
+				}
 			}
 		}
 		if len(noNetdev) > 0 {
-			h.addf("sriov", Warn, list(noNetdev, 4), "check dmesg for mlx5_core errors; rebind the VF to mlx5_core",
+			fix := strings.Join(netdevFixes, "; ")
+			if len(noNetdev) == 1 {
+				fix = strings.ReplaceAll(fix, "<pci>", noNetdev[0])
+			}
+			h.addf("sriov", Warn, list(noNetdev, 4), fix,
 				"%s of %s: no netdev on the node, and no pod holds it (kubelet checkpoint): the CNI has nothing to move into a pod", plural(len(noNetdev), "VF", "VFs"), p.ResourceName())
 		}
 		if len(noRDMA) > 0 {
-			h.addf("sriov", Warn, list(noRDMA, 4), "add \"isRdma\": true to the pool's selector, and load mlx5_ib",
+			fix := "add \"isRdma\": true to the pool's selector"
+			if len(rdmaDrivers) > 0 {
+				fix += ", and load " + strings.Join(rdmaDrivers, " and ")
+			}
+			h.addf("sriov", Warn, list(noRDMA, 4), fix,
 				"%s of %s without an RDMA device: a pod given one gets no HCA and NCCL uses sockets", plural(len(noRDMA), "VF", "VFs"), p.ResourceName())
 		}
 	}
