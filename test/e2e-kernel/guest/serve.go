@@ -104,10 +104,7 @@ type discoverReport struct {
 // (not by provisioning, so that this phase stands on its own): wire A
 // with 3 igbvf VFs, wire B with 3, its third bound to vfio-pci.
 func (g *guest) serveState() error {
-	if err := os.MkdirAll(e2eDir, 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(e2eDir, "pools.json"), []byte(poolConfig), 0o644); err != nil {
+	if err := writePools(); err != nil {
 		return err
 	}
 	if err := setNumVFs(g.wireA.addr, 3); err != nil {
@@ -412,4 +409,12 @@ func tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// writePools writes the serve phase's pool config (doctor reads it too).
+func writePools() error {
+	if err := os.MkdirAll(e2eDir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(e2eDir, "pools.json"), []byte(poolConfig), 0o644)
 }
