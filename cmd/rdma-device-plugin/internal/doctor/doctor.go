@@ -153,6 +153,10 @@ type host struct {
 	// RDMA core at all (ib_uverbs, /dev/infiniband).
 	rdmaFamilies []nic.Family
 	rdmaCore     bool
+	// pooled are the addresses of the pools' functions (inPool), and
+	// families the family of each function familyOf has looked at.
+	pooled   map[string]bool
+	families map[string]family
 	// allocated are device IDs the kubelet's checkpoint says pods hold.
 	allocated map[string]string // ID -> resource
 	cp        *checkpoint

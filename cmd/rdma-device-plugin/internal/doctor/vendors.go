@@ -26,14 +26,28 @@ func (h *host) familyOf(d *nic.Device) (nic.Family, bool) {
 	if isConnectX(d) {
 		return connectX, true
 	}
+	if f, ok := h.families[d.PCIAddress]; ok {
+		return f.Family, f.known
+	}
+	f, known := nic.FamilyOf(d.Driver)
 	if d.IsVF() {
 		if pf, ok := h.snap.Device(d.PFAddress); ok {
-			if f, ok := nic.FamilyOf(pf.Driver); ok {
-				return f, true
+			if pff, ok := nic.FamilyOf(pf.Driver); ok {
+				f, known = pff, true
 			}
 		}
 	}
-	return nic.FamilyOf(d.Driver)
+	if h.families == nil {
+		h.families = map[string]family{}
+	}
+	h.families[d.PCIAddress] = family{f, known}
+	return f, known
+}
+
+// family is a function's family as familyOf found it.
+type family struct {
+	nic.Family
+	known bool
 }
 
 // mayHaveRDMA reports whether the kernel can give d an RDMA device:

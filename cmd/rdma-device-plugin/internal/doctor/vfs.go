@@ -106,12 +106,15 @@ func (h *host) checkVFs() {
 
 // inPool reports whether any pool holds the function at addr.
 func (h *host) inPool(addr string) bool {
-	for _, p := range h.pools {
-		if slices.ContainsFunc(p.Devices, func(d nic.Device) bool { return d.PCIAddress == addr }) {
-			return true
+	if h.pooled == nil {
+		h.pooled = map[string]bool{}
+		for _, p := range h.pools {
+			for _, d := range p.Devices {
+				h.pooled[d.PCIAddress] = true
+			}
 		}
 	}
-	return false
+	return h.pooled[addr]
 }
 
 func orDash(s string) string {
