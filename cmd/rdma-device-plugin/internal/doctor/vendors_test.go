@@ -402,3 +402,21 @@ func TestMixedNode(t *testing.T) {
 		require.NotContains(t, text(r), "irdma", "the E810 is in no pool:\n%s", dump(r))
 	})
 }
+
+// TestVendorRDMABuiltIn: an RDMA driver built into the kernel has no
+// /sys/module entry; its auxiliary driver shows it is there.
+func TestVendorRDMABuiltIn(t *testing.T) {
+	for _, tc := range []struct{ host, driver, want string }{
+		{"e810-irdma", "irdma", "ice, iavf, irdma (built in), ib_uverbs"},
+		{"bnxt-re", "bnxt_re", "bnxt_en, bnxt_re (built in), ib_uverbs"},
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			root := newHost(t, tc.host, func(root string) error {
+				return os.RemoveAll(filepath.Join(root, "sys", "module", tc.driver))
+			})
+			r := Run(Options{HostRoot: root})
+			requireCheck(t, r, "kernel-module", OK, tc.want)
+			requireNo(t, r, "kernel-module", Fail)
+		})
+	}
+}
