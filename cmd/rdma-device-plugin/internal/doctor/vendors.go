@@ -205,7 +205,10 @@ func (h *host) checkNeverRDMA(p *pool.Pool) {
 			one, many = n.family.Name+" VF", n.family.Name+" VFs"
 		}
 		fix := "drop isRdma from the pool meant for them (they serve Ethernet only), and give RDMA pods functions of a NIC with RDMA"
-		if n.family.RDMADriver != "" {
+		switch {
+		case p.Kind == pool.Shared:
+			fix = "a shared pool shares RDMA devices: select functions of a NIC with RDMA, and serve these from an exclusive pool (resourceList) without isRdma"
+		case n.family.RDMADriver != "":
 			fix = fmt.Sprintf("for RDMA, share the %s PFs' RDMA devices through a shared pool (configList), or use a NIC whose VFs have RDMA; for Ethernet-only VFs, drop isRdma", n.family.PFDriver)
 		}
 		h.addf("pool", st, p.ResourceName(), fix,

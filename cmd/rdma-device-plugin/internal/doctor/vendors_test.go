@@ -151,6 +151,7 @@ const (
 	bnxtVFs      = `{"resourceList":[{"resourceName":"bnxt_vfs","resourcePrefix":"broadcom.com","selectors":{"vendors":["14e4"],"devices":["1806"]}}]}`
 	igbVFs       = `{"resourceList":[{"resourceName":"igb_vfs","resourcePrefix":"intel.com","selectors":{"vendors":["8086"],"devices":["10ca"]}}]}`
 	igbRDMAVFs   = `{"resourceList":[{"resourceName":"igb_rdma","resourcePrefix":"intel.com","selectors":{"vendors":["8086"],"devices":["10ca"],"isRdma":true}}]}`
+	igbShared    = `{"configList":[{"resourceName":"igb_hcas","rdmaHcaMax":4,"selectors":{"vendors":["8086"]}}]}`
 	igbVFsDriver = `{"resourceList":[{"resourceName":"igb_vfs","resourcePrefix":"intel.com","selectors":{"drivers":["igbvf"]}}]}`
 )
 
@@ -239,6 +240,10 @@ func TestVendorHosts(t *testing.T) {
 			},
 			once:  []string{"igb_rdma"},
 			never: []want{{"sriov", Warn, nil}, {"char-device", Fail, nil}, {"kernel-module", Fail, nil}}},
+		{name: "igb in a shared pool can never be served", host: "built-igb", config: igbShared,
+			want:  []want{{"pool", Fail, []string{"rdma/igb_hcas is a shared pool", "1 Intel 82576/I350 function it selects (0000:00:04.0)", "have no RDMA in the kernel", "exclusive pool (resourceList) without isRdma"}}},
+			once:  []string{"igb_hcas"},
+			never: []want{{"char-device", Fail, nil}, {"kernel-module", Fail, nil}}},
 		// The committed hosts of the fixture (internal/fixture/vendors.go).
 		{name: "e810-irdma without a config", host: "e810-irdma",
 			want:  []want{{"kernel-module", OK, []string{"ice, iavf, irdma, ib_uverbs, ib_umad, rdma_ucm | loaded"}}, {"port", OK, []string{"2 ports ACTIVE"}}},
