@@ -214,6 +214,13 @@ command -v qemu-system-x86_64 >/dev/null || skip "no qemu-system-x86_64 (QEMU >=
 [[ $(qemu_major) -ge $QEMU_MIN_MAJOR ]] || skip "QEMU $(qemu-system-x86_64 --version | head -1) has no igb SR-IOV emulation (needs >= $QEMU_MIN_MAJOR.0, bookworm-backports)"
 qemu-system-x86_64 -device help 2>/dev/null | grep -q '"igb"' || skip "this QEMU has no -device igb"
 mkdir -p "$CACHE"
+# One run at a time per $WORK: runs share the kernel, the initramfs and
+# the run directory (and two TCG guests on 2 cores time nothing).
+exec 9>"$CACHE/lock"
+if ! flock -n 9; then
+	log "waiting for another make e2e-kernel on $WORK to finish"
+	flock 9
+fi
 fetch_kernel
 log "qemu: $(qemu-system-x86_64 --version | head -1); kernel: $(<"$KDIR/stamp")"
 build_go
@@ -243,7 +250,7 @@ qemu=(
 log "booting the guest (TCG, 2 vCPUs; timeout ${QEMU_TIMEOUT}s)"
 tboot=$(date +%s)
 set +e
-timeout -k 10 "$QEMU_TIMEOUT" "${qemu[@]}" </dev/null 2>&1 | tr -d '\r' | tee "$RUN/console.log"
+timeout -k 10 "$QEMU_TIMEOUT" "${qemu[@]}" </dev/null 2>&1 | sed -u 's/\r$//' | tee "$RUN/console.log"
 qrc=${PIPESTATUS[0]}
 set -e
 guest_s=$(($(date +%s) - tboot))

@@ -186,6 +186,11 @@ func (g *guest) writeOut() error {
 	if err := captureSysfs(tw, g.pfs); err != nil {
 		return err
 	}
+	// the kernel's log (igb's and igbvf's answers, warnings included,
+	// which the console's loglevel leaves out)
+	if r := run(30*time.Second, nil, "", "/bin/busybox", "dmesg"); r.err == nil {
+		_ = os.WriteFile(filepath.Join(g.logs, "dmesg.txt"), []byte(r.stdout), 0o644)
+	}
 	c := &capturer{tw: tw, seen: map[string]bool{}, now: time.Now()}
 	err = filepath.WalkDir(g.logs, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {

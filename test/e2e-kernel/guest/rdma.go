@@ -191,6 +191,14 @@ func rdmaChecks() []check {
 // DEL must still succeed and leave the VF as it was; an rxe created in
 // the pod over net1 reaches ACTIVE there.
 func (g *guest) rdmaAttach(v *vf, rxe, mode string) error {
+	// the kernel switches the mode only while no netns but the initial one
+	// exists: a pod an earlier failed check left behind is deleted first
+	if ents, _ := os.ReadDir("/run/netns"); len(ents) > 0 {
+		for _, e := range ents {
+			logf("deleting netns %s, left by an earlier check, to switch the RDMA netns mode", e.Name())
+			_ = ipCmd("netns", "del", e.Name())
+		}
+	}
 	if err := setNetnsMode(mode); err != nil {
 		return err
 	}
