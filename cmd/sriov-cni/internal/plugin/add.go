@@ -324,7 +324,7 @@ func (p *Plugin) apply(ctx context.Context, log *slog.Logger, c *NetConf, args *
 			}
 			// Else part of it took effect (a GUID's node half): it stays
 			// journaled, and the rollback restores it.
-			return nil, fail(0, vf, "VF settings on PF "+st.PFNetdev, fmt.Errorf("set %s: %w", s, err))
+			return nil, fail(0, vf, "VF settings on PF "+st.PFNetdev, fmt.Errorf("set %s: %w", confKeys(s, &c.vf), err))
 		}
 	}
 	if len(plan.Settings) > 0 {
@@ -397,6 +397,27 @@ func (p *Plugin) apply(ctx context.Context, log *slog.Logger, c *NetConf, args *
 	return res, nil
 }
 
+// confKeys names a setting as the conf asks for it: tx_rate is
+// "min_tx_rate 10, max_tx_rate 100" (those the conf gives), so that a
+// driver's refusal of one (igb: EINVAL for any min_tx_rate,
+// igb_ndo_set_vf_bw) names the key to change.
+func confKeys(s sriov.Setting, w *sriov.Settings) string {
+	if s != sriov.SettingTxRate {
+		return string(s)
+	}
+	var keys []string
+	if w.MinTxRate != nil {
+		keys = append(keys, fmt.Sprintf("min_tx_rate %d", *w.MinTxRate))
+	}
+	if w.MaxTxRate != nil {
+		keys = append(keys, fmt.Sprintf("max_tx_rate %d", *w.MaxTxRate))
+	}
+	if len(keys) == 0 {
+		return string(s)
+	}
+	return strings.Join(keys, ", ")
+}
+
 // attachLink moves the VF netdev (and its RDMA device) into the pod,
 // through a temporary netns pinned beside the state, so that a kill
 // mid-move leaves the netdev where teardown finds it.
@@ -410,21 +431,25 @@ func (p *Plugin) attachLink(log *slog.Logger, c *NetConf, j *journal, host, pod 
 	if c.MTU != nil {
 		cfg.MTU = *c.MTU
 	}
-	if c.vf.MAC != nil {
-		cfg.MAC = c.vf.MAC
-	}
 	viaPath := j.store.netnsPath(st.PCIAddress)
 	via, err := netns.Pin(viaPath)
 	if err != nil {
 		return fail(0, st.PCIAddress, "create the temporary netns", err)
 	}
-	_, err = p.moveVia(st, st.HostName, host, via, pod, cfg)
+	_, err = netns.MoveVia(st.HostName, host, via, pod, cfg)
 	via.Close()
 	if uerr := unpinIfEmpty(viaPath); uerr != nil {
 		log.Warn("temporary netns kept for DEL", "err", uerr)
 	}
 	if err != nil {
 		return fail(0, st.PCIAddress, "move "+st.HostName+" into the pod as "+args.IfName, err)
+	}
+	// The MAC in the pod, where a VF driver that refuses it while the PF
+	// holds one for the VF can be reset to take the PF's (setNetdevMAC).
+	if c.vf.MAC != nil {
+		if err := p.setNetdevMAC(st, pod.Handle(), args.IfName, c.vf.MAC); err != nil {
+			return fail(0, st.PCIAddress, "set MAC "+c.vf.MAC.String()+" on "+args.IfName, err)
+		}
 	}
 	if st.RDMADevice != "" {
 		if err := j.intend("rdma", func(st *State) { st.RDMAMoved = true }); err != nil {

@@ -48,7 +48,7 @@ func testBuild(p *Plugin) {
 	}
 	if dir := os.Getenv(FakePFEnv); dir != "" {
 		p.NewPFLink = func(*netlink.Handle) sriov.PFLink { return filePFLink{dir: dir} }
-		p.VFSideMAC = filePFLink{dir: dir}.igbVFSideMAC
+		p.VFDriver = filePFLink{dir: dir}
 	}
 	if path := os.Getenv(FakeRDMAEnv); path != "" {
 		p.RDMA = fileRDMA{path: path}
@@ -157,21 +157,39 @@ func (f filePFLink) SetVFGUID(pf string, vf int, guid net.HardwareAddr) error {
 	return err
 }
 
-// igbVFSideMAC answers a change of the VF netdev's own MAC to mac as igb
-// and igbvf do, from the VF's settings in the files: EADDRNOTAVAIL while
-// the PF holds a non-zero MAC for the VF, does not trust it and mac is not
-// that MAC. The same model as the unit tests' igbVFSideMAC (fakes_test.go,
-// which says where each part was checked), over these files.
-func (f filePFLink) igbVFSideMAC(st *State, mac net.HardwareAddr) error {
-	c, err := f.VF(st.PFNetdev, st.VFIndex)
-	if err != nil {
+// MACChange answers a change of the VF netdev's own MAC to mac as igb and
+// igbvf do, from the VF's settings in the files: EADDRNOTAVAIL while the
+// PF holds a non-zero MAC for the VF, unless mac is that MAC. Closed
+// gives the netdev the PF's MAC, as igbvf's reset does. The unit tests'
+// igbVF (fakes_test.go) says where each part was checked, and also keeps
+// the MAC of the VF's last reset, which this one takes to be the PF's.
+func (f filePFLink) MACChange(st *State, mac net.HardwareAddr) error {
+	admin, err := f.adminMAC(st)
+	if err != nil || admin == nil || admin.String() == mac.String() {
 		return err
 	}
-	admin, err := net.ParseMAC(c.MAC)
-	if err != nil || admin.String() == "00:00:00:00:00:00" || c.Trust || admin.String() == mac.String() {
-		return nil
-	}
 	return unix.EADDRNOTAVAIL
+}
+
+func (f filePFLink) Closed(st *State, h *netlink.Handle, l netlink.Link) error {
+	admin, err := f.adminMAC(st)
+	if err != nil || admin == nil {
+		return err
+	}
+	return h.LinkSetHardwareAddr(l, admin)
+}
+
+// adminMAC is the non-zero MAC the PF holds for the VF, nil when none.
+func (f filePFLink) adminMAC(st *State) (net.HardwareAddr, error) {
+	c, err := f.VF(st.PFNetdev, st.VFIndex)
+	if err != nil {
+		return nil, err
+	}
+	admin, err := net.ParseMAC(c.MAC)
+	if err != nil || admin.String() == "00:00:00:00:00:00" {
+		return nil, nil
+	}
+	return admin, nil
 }
 
 // fileRDMA keeps, in one JSON file, the netns inode of each RDMA device

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -34,7 +35,7 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 		}
 	}()
 	where, name := p.findNetdev(st, host, pod, via)
-	home := name
+	home, moved := name, false
 	switch {
 	case where == nil:
 		log.Warn("VF netdev not found in the pod, the temporary or the host netns; was the VF removed?", "netdev", st.HostName)
@@ -54,16 +55,22 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 		home = homeName(log, st, host, where, name)
 		alias := st.HostAlias
 		cfg := netns.LinkConfig{Name: home, MTU: st.HostMTU, Alias: &alias}
-		if st.PodMAC != "" {
-			cfg.MAC, _ = net.ParseMAC(st.HostMAC)
-		}
-		if _, err := p.moveVia(st, name, where, via, host, cfg); err != nil {
+		if _, err := netns.MoveVia(name, where, via, host, cfg); err != nil {
 			return fmt.Errorf("return %s to the host as %s: %w", name, home, err)
 		}
 		log.Info("VF netdev returned to the host", "from", name, "name", home)
+		moved = true
 	}
 	if err := unpinIfEmpty(viaPath); err != nil {
 		return err
+	}
+	// The MAC of a netdev brought home, once home, where a VF driver that
+	// refuses it can be reset (setNetdevMAC); a kill before leaves it
+	// home, where the next teardown puts it back in place (restoreInHost).
+	if mac, err := net.ParseMAC(st.HostMAC); moved && st.PodMAC != "" && err == nil {
+		if err := p.setNetdevMAC(st, host.Handle(), home, mac); err != nil {
+			return fmt.Errorf("restore MAC of %s: %w", home, err)
+		}
 	}
 	if where == nil || !st.HostUp {
 		return nil
@@ -203,12 +210,8 @@ func (p *Plugin) restoreInHost(log *slog.Logger, st *State, host *netns.NS, name
 		log.Info("VF netdev renamed to its original name", "from", name, "name", home)
 	}
 	a := l.Attrs()
-	if mac, err := net.ParseMAC(st.HostMAC); st.PodMAC != "" && err == nil && a.HardwareAddr.String() != mac.String() {
-		err := p.vfSideMAC(st, mac)
-		if err == nil {
-			err = h.LinkSetHardwareAddr(l, mac)
-		}
-		if err != nil {
+	if mac, err := net.ParseMAC(st.HostMAC); st.PodMAC != "" && err == nil {
+		if err := p.setNetdevMAC(st, h, home, mac); err != nil {
 			return "", fmt.Errorf("restore MAC of %s: %w", home, err)
 		}
 	}
@@ -225,25 +228,69 @@ func (p *Plugin) restoreInHost(log *slog.Logger, st *State, host *netns.NS, name
 	return home, nil
 }
 
-// vfSideMAC is the VF driver's answer to a change of the VF netdev's own
-// MAC to mac, where the plugin has one (VFSideMAC); nil otherwise.
-func (p *Plugin) vfSideMAC(st *State, mac net.HardwareAddr) error {
-	if p.VFSideMAC == nil {
+// setNetdevMAC sets the own MAC of the VF netdev named name, in the netns
+// of h, to mac (nothing when it has it). A VF driver may refuse that
+// change while the PF holds an administrative MAC for the VF: igb NACKs
+// the VF's request (igb_rcv_msg_from_vf, igb_main.c), and igbvf falls
+// back to the MAC the PF gave at its last reset (e1000_rar_set_vf,
+// igbvf/vf.c) and answers EADDRNOTAVAIL (igbvf_set_mac). Such a driver
+// takes the PF's MAC at its next reset, which closing the netdev does
+// (igbvf_close -> igbvf_down -> igbvf_reset, igbvf/netdev.c). So on
+// EADDRNOTAVAIL the netdev is closed (opened first when down, left as it
+// was) and its MAC looked at again: the change is done if the PF holds
+// mac for the VF, as it does once ADD set it there and once teardown put
+// back a MAC the PF held.
+func (p *Plugin) setNetdevMAC(st *State, h *netlink.Handle, name string, mac net.HardwareAddr) error {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	if l.Attrs().HardwareAddr.String() == mac.String() {
 		return nil
 	}
-	return p.VFSideMAC(st, mac)
+	if p.VFDriver != nil {
+		err = p.VFDriver.MACChange(st, mac)
+	}
+	if err == nil {
+		err = h.LinkSetHardwareAddr(l, mac)
+	}
+	if !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return err
+	}
+	if rerr := p.resetVF(st, h, l); rerr != nil {
+		return fmt.Errorf("%w; reset of the VF to take its PF's MAC: %w", err, rerr)
+	}
+	now, lerr := h.LinkByIndex(l.Attrs().Index)
+	if lerr != nil {
+		return fmt.Errorf("%w; look up %s after a reset of the VF: %w", err, name, lerr)
+	}
+	if got := now.Attrs().HardwareAddr.String(); got != mac.String() {
+		return fmt.Errorf("%w (after a reset of the VF, which takes the MAC its PF holds for it, it has %s)", err, got)
+	}
+	return nil
 }
 
-// moveVia is netns.MoveVia, with a MAC change in cfg put to the VF driver
-// first (vfSideMAC): its refusal fails the move as the kernel's refusal
-// of that change does, with the netdev left where it was.
-func (p *Plugin) moveVia(st *State, name string, from, via, to *netns.NS, cfg netns.LinkConfig) (netlink.Link, error) {
-	if cfg.MAC != nil {
-		if err := p.vfSideMAC(st, cfg.MAC); err != nil {
-			return nil, fmt.Errorf("set MAC %s on %s: %w", cfg.MAC, name, err)
+// resetVF closes the VF netdev l (opening it first when it is down) and
+// leaves it up or down as it was: closing resets an igbvf VF.
+func (p *Plugin) resetVF(st *State, h *netlink.Handle, l netlink.Link) error {
+	up := l.Attrs().Flags&net.FlagUp != 0
+	if !up {
+		if err := h.LinkSetUp(l); err != nil {
+			return err
 		}
 	}
-	return netns.MoveVia(name, from, via, to, cfg)
+	if err := h.LinkSetDown(l); err != nil {
+		return err
+	}
+	if p.VFDriver != nil {
+		if err := p.VFDriver.Closed(st, h, l); err != nil {
+			return err
+		}
+	}
+	if up {
+		return h.LinkSetUp(l)
+	}
+	return nil
 }
 
 // netdevPCI is the PCI address of the device behind l, a link in n, or

@@ -47,6 +47,16 @@ const maxDelAttempts = 3
 
 // Plugin holds the plugin's dependencies; main wires the real ones, tests
 // inject fakes for what this machine's kernel cannot do.
+// VFDriver is what a VF's netdev driver does that the plugin depends on
+// beyond netlink: its answer to a change of the netdev's own MAC (not the
+// PF's administrative MAC for the VF), asked before the plugin makes one,
+// and what it does when the plugin closes the netdev (igbvf resets the VF
+// and takes the MAC its PF holds for it).
+type VFDriver interface {
+	MACChange(st *State, mac net.HardwareAddr) error
+	Closed(st *State, h *netlink.Handle, l netlink.Link) error
+}
+
 type Plugin struct {
 	// HostRoot is where sysfs is read ("/" in production).
 	HostRoot string
@@ -64,12 +74,11 @@ type Plugin struct {
 	// address, or ""); nil reads the kernel's IFLA_PARENT_DEV_NAME. Tests
 	// set it for the veth links that stand in for VFs.
 	NetdevPCI func(l netlink.Link) string
-	// VFSideMAC, when set, is the VF driver's answer to a change of the
-	// VF netdev's own MAC to mac (not the PF's administrative MAC for the
-	// VF), asked before the plugin makes one; nil leaves the answer to the
-	// kernel. Tests set it for the veth links that stand in for VFs, which
-	// take any MAC, to answer as igbvf does (fakes_test.go).
-	VFSideMAC func(st *State, mac net.HardwareAddr) error
+	// VFDriver, when set, plays the VF netdev's driver for links that
+	// have none; nil leaves it to the kernel. Tests set it for the veth
+	// links that stand in for VFs, which take any MAC, to answer as igbvf
+	// does (fakes_test.go).
+	VFDriver VFDriver
 	// Stdout receives the result (the CNI protocol); Stderr the log and
 	// the IPAM plugin's stderr.
 	Stdout, Stderr io.Writer

@@ -51,13 +51,14 @@ func fixtureRoot(name string) string {
 // env runs the plugin in-process against a fixture host, with veth links
 // named as the fixture's VF netdevs standing in for the VFs, real network
 // namespaces, the reference IPAM plugins, and fakes for the PF and RDMA
-// netlink calls this kernel cannot do. A VF-side MAC change is answered
-// as igbvf answers it (igbVFSideMAC), the strictest driver known; set
-// p.VFSideMAC to nil for mlx5's answer.
+// netlink calls this kernel cannot do. The VFs' driver is played as igbvf
+// (igbVF, the strictest about the netdev's own MAC); p.VFDriver nil is
+// mlx5's behaviour.
 type env struct {
 	t        *testing.T
 	p        *Plugin
 	pf       *sriovtest.PFLink
+	vfDriver *igbVF
 	rdma     *fakeRDMA
 	cniPath  string
 	stateDir string
@@ -81,7 +82,8 @@ func newEnv(t *testing.T, fixture string) *env {
 		},
 		Stderr: &e.log,
 	}
-	e.p.VFSideMAC = igbVFSideMAC(e.pf)
+	e.vfDriver = newIgbVF(e.pf)
+	e.p.VFDriver = e.vfDriver
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("plugin log:\n%s", e.log.String())

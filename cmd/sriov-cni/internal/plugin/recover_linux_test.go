@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov/sriovtest"
 )
@@ -195,25 +196,32 @@ func TestDelHostNameTakenMeanwhile(t *testing.T) {
 	require.Contains(t, log, "hostName=ens1f1v2")
 }
 
-// The VF's MAC on the PF is restored before its netdev's own MAC: igbvf
-// refuses a change of the netdev's MAC while the PF holds a MAC for the
-// VF (igbVFSideMAC, EADDRNOTAVAIL), mlx5 takes it either way. With "mac"
-// and "vlan" (and no trust, which would let igb through), every way a DEL
-// meets the attachment brings the VF back, for both drivers: a DEL; a
-// DEL after the pod netns was deleted (the VF back on the host under its
-// pod name and MAC); a DEL killed at each of its steps and run again,
-// which finds the restore half done; an ADD that fails after the move
-// (its rollback) followed by the runtime's DEL.
-func TestRestoreGivesBackThePFMACBeforeTheNetdevMAC(t *testing.T) {
+// An attachment with "mac" and "vlan" (no trust) is made and undone on
+// igbvf (igbVF) as on mlx5 (no VFDriver), the PF holding no MAC for the
+// VF before ADD (mlx5's zero) or one (igb reports the MAC the VF gave
+// itself). ADD sets the PF's MAC, then the netdev's, which igbvf refuses
+// until a reset makes it take the PF's. Teardown restores the PF's MAC
+// before the netdev's, which igbvf then takes (zero: the PF lets it set
+// its own), or takes after a reset (non-zero). Every way a DEL meets the
+// attachment brings the VF back: a DEL; a DEL after the pod netns was
+// deleted (the kernel hands the VF back under its pod name, closed, which
+// resets an igbvf VF: it has the pod's MAC); a DEL killed at each of its
+// steps and run again, which finds the restore half done; an ADD that
+// fails after the move (its rollback) followed by the runtime's DEL.
+func TestMACsComeBackOnIgbvfAndMlx5(t *testing.T) {
 	type path struct {
 		name string
 		run  func(t *testing.T, e *env, conf, podNS string)
 	}
+	const podMAC = "02:fa:57:00:00:01"
 	add := func(t *testing.T, e *env, conf, podNS string) {
 		t.Helper()
 		_, err := e.add(conf, podNS, "c1", "net1")
 		require.NoError(t, err)
-		require.Equal(t, "02:fa:57:00:00:01", e.pf.Get("ens1f0np0", 0).MAC)
+		require.Equal(t, podMAC, e.pf.Get("ens1f0np0", 0).MAC, "the PF's MAC for the VF")
+		l, err := linkIn(t, podNS, "net1")
+		require.NoError(t, err)
+		require.Equal(t, podMAC, l.Attrs().HardwareAddr.String(), "the netdev's own MAC in the pod")
 	}
 	paths := []path{
 		{"DEL", func(t *testing.T, e *env, conf, podNS string) {
@@ -228,8 +236,14 @@ func TestRestoreGivesBackThePFMACBeforeTheNetdevMAC(t *testing.T) {
 			host, err := netns.Current()
 			require.NoError(t, err)
 			defer host.Close()
-			// As the kernel hands a physical VF back (a veth would die).
+			// As the kernel hands a physical VF back (a veth would die),
+			// closed: igbvf resets.
 			require.NoError(t, pod.Handle().LinkSetNsFd(l, host.Fd()))
+			if e.p.VFDriver != nil {
+				back, err := host.Handle().LinkByName("net1")
+				require.NoError(t, err)
+				require.NoError(t, e.p.VFDriver.Closed(&State{PFNetdev: "ens1f0np0", VFIndex: 0}, host.Handle(), back))
+			}
 			e.rdma.where = map[string]string{}
 			out, err := exec.Command("ip", "netns", "del", filepath.Base(podNS)).CombinedOutput()
 			require.NoError(t, err, "%s", out)
@@ -238,7 +252,7 @@ func TestRestoreGivesBackThePFMACBeforeTheNetdevMAC(t *testing.T) {
 		{"ADD fails after the move, then DEL", func(t *testing.T, e *env, _, podNS string) {
 			notDir := filepath.Join(t.TempDir(), "file")
 			require.NoError(t, os.WriteFile(notDir, nil, 0o600))
-			conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"02:fa:57:00:00:01",` +
+			conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"` + podMAC + `",` +
 				`"runtimeConfig":{"CNIDeviceInfoFile":"` + filepath.Join(notDir, "c1.json") + `"},` + e.hostLocal("10.88.0.0/24", ""))
 			_, err := e.add(conf, podNS, "c1", "net1")
 			require.ErrorContains(t, err, "device-info")
@@ -262,41 +276,62 @@ func TestRestoreGivesBackThePFMACBeforeTheNetdevMAC(t *testing.T) {
 		}})
 	}
 	for _, driver := range []string{"igbvf", "mlx5"} {
-		for _, p := range paths {
-			t.Run(driver+"/"+p.name, func(t *testing.T) {
-				e := newEnv(t, "roce-cx6dx")
-				if driver == "mlx5" {
-					e.p.VFSideMAC = nil
-				}
-				orig := e.standIn("ens1f0v0")
-				podNS := e.pod()
-				conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"02:fa:57:00:00:01",` + e.hostLocal("10.88.0.0/24", ""))
-				p.run(t, e, conf, podNS)
-				e.requireRestored(orig, "0000:3b:00.2")
-				require.Equal(t, sriovtest.Unconfigured, e.pf.Get("ens1f0np0", 0))
-				require.True(t, e.rdma.InHost("mlx5_2"))
-				require.Empty(t, e.ipamLeases())
-				require.Empty(t, ls(t, e.stateDir))
-			})
+		for _, pfMAC := range []string{"none", "the VF's"} {
+			for _, p := range paths {
+				t.Run(driver+"/PF MAC "+pfMAC+"/"+p.name, func(t *testing.T) {
+					e := newEnv(t, "roce-cx6dx")
+					if driver == "mlx5" {
+						e.p.VFDriver = nil
+					}
+					orig := e.standIn("ens1f0v0")
+					before := sriovtest.Unconfigured
+					if pfMAC != "none" {
+						before.MAC = orig.Attrs().HardwareAddr.String()
+						e.pf.Set("ens1f0np0", 0, before)
+					}
+					podNS := e.pod()
+					conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"` + podMAC + `",` + e.hostLocal("10.88.0.0/24", ""))
+					p.run(t, e, conf, podNS)
+					e.requireRestored(orig, "0000:3b:00.2")
+					require.Equal(t, before, e.pf.Get("ens1f0np0", 0))
+					require.True(t, e.rdma.InHost("mlx5_2"))
+					require.Empty(t, e.ipamLeases())
+					require.Empty(t, ls(t, e.stateDir))
+				})
+			}
 		}
 	}
 }
 
-// The fake answers as igbvf does: a VF-side MAC change is refused while
-// the PF holds a non-zero MAC for an untrusted VF, unless it is that MAC.
-func TestIgbVFSideMAC(t *testing.T) {
+// The fake igbvf: a change of the netdev's own MAC is refused while the
+// PF holds a non-zero MAC for the VF, unless it is the MAC of the VF's
+// last reset; closing the netdev resets the VF, which then takes the PF's
+// MAC.
+func TestIgbVF(t *testing.T) {
+	requireRoot(t)
 	pf := sriovtest.NewPFLink()
+	d := newIgbVF(pf)
 	st := &State{PFNetdev: "enp1s0", VFIndex: 2}
-	ask := igbVFSideMAC(pf)
 	mac := func(s string) net.HardwareAddr { m, err := net.ParseMAC(s); require.NoError(t, err); return m }
-	require.NoError(t, ask(st, mac("02:00:00:00:00:09")), "no MAC on the PF")
+	require.NoError(t, d.MACChange(st, mac("02:00:00:00:00:09")), "no MAC on the PF")
 	require.NoError(t, pf.SetVFMAC("enp1s0", 2, mac("02:00:00:00:00:01")))
-	require.ErrorIs(t, ask(st, mac("02:00:00:00:00:09")), unix.EADDRNOTAVAIL)
-	require.NoError(t, ask(st, mac("02:00:00:00:00:01")), "the PF's own MAC (perm_addr after a reset)")
-	require.NoError(t, ask(&State{PFNetdev: "enp1s0", VFIndex: 3}, mac("02:00:00:00:00:09")), "another VF")
-	require.NoError(t, pf.SetVFTrust("enp1s0", 2, true))
-	require.NoError(t, ask(st, mac("02:00:00:00:00:09")), "trusted")
-	require.NoError(t, pf.SetVFTrust("enp1s0", 2, false))
+	require.ErrorIs(t, d.MACChange(st, mac("02:00:00:00:00:01")), unix.EADDRNOTAVAIL, "not reset since")
+	require.ErrorIs(t, d.MACChange(st, mac("02:00:00:00:00:09")), unix.EADDRNOTAVAIL)
+	require.NoError(t, d.MACChange(&State{PFNetdev: "enp1s0", VFIndex: 3}, mac("02:00:00:00:00:09")), "another VF")
+
+	l := testnet.StandIn(t, nil, "fpigb"+testnet.RandHex(2))
+	h := &netlink.Handle{}
+	require.NoError(t, d.Closed(st, h, l))
+	now, err := netlink.LinkByIndex(l.Attrs().Index)
+	require.NoError(t, err)
+	require.Equal(t, "02:00:00:00:00:01", now.Attrs().HardwareAddr.String(), "the reset gives it the PF's MAC")
+	require.NoError(t, d.MACChange(st, mac("02:00:00:00:00:01")), "perm_addr since the reset")
+	require.ErrorIs(t, d.MACChange(st, mac("02:00:00:00:00:09")), unix.EADDRNOTAVAIL)
+
 	require.NoError(t, pf.SetVFMAC("enp1s0", 2, make(net.HardwareAddr, 6)))
-	require.NoError(t, ask(st, mac("02:00:00:00:00:09")), "zero MAC: IGB_VF_FLAG_PF_SET_MAC cleared")
+	require.NoError(t, d.MACChange(st, mac("02:00:00:00:00:09")), "zero MAC: IGB_VF_FLAG_PF_SET_MAC cleared")
+	require.NoError(t, d.Closed(st, h, now))
+	again, err := netlink.LinkByIndex(l.Attrs().Index)
+	require.NoError(t, err)
+	require.Equal(t, "02:00:00:00:00:01", again.Attrs().HardwareAddr.String(), "no MAC on the PF: the VF keeps its own")
 }

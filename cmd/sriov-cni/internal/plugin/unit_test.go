@@ -15,6 +15,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/testbin"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
@@ -285,7 +286,7 @@ func TestAddRefusesBadInterfaceNames(t *testing.T) {
 // before it, newest first, and leaves nothing behind.
 func TestVFSettingRefusedRollsBack(t *testing.T) {
 	methods := []string{"SetVFSpoofChk", "SetVFTrust", "SetVFLinkState", "SetVFRate"}
-	names := []string{"spoofchk", "trust", "link_state", "tx_rate"}
+	names := []string{"spoofchk", "trust", "link_state", "min_tx_rate 10, max_tx_rate 100"}
 	for i, m := range methods {
 		t.Run(m, func(t *testing.T) {
 			u := newUnit(t)
@@ -426,4 +427,17 @@ func TestDelRemovesStaleLock(t *testing.T) {
 	}
 	require.NoError(t, u.del(u.conf(""), "c1"))
 	require.Empty(t, ls(t, u.stateDir))
+}
+
+// A PF driver's refusal of the rate names the conf's keys (igb refuses any
+// min_tx_rate with EINVAL, igb_ndo_set_vf_bw; seen in the real-kernel
+// guest as "set tx_rate: invalid argument"), and nothing is left changed.
+func TestRateRefusalNamesTheConfKeys(t *testing.T) {
+	u := newUnit(t)
+	u.pf.FailNext("SetVFRate", unix.EINVAL)
+	_, err := u.add(u.conf(`"min_tx_rate":10,"max_tx_rate":100`), "c1")
+	require.ErrorContains(t, err, "VF settings on PF "+vfioPF+": set min_tx_rate 10, max_tx_rate 100: invalid argument")
+	require.ErrorIs(t, err, unix.EINVAL)
+	require.Equal(t, sriovtest.Unconfigured, u.pf.Get(vfioPF, 0), "nothing changed on the PF")
+	u.requireClean()
 }
