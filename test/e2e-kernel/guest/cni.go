@@ -183,10 +183,15 @@ func pins() []string {
 	return out
 }
 
-// stateFiles lists the CNI's state files (an attachment it still holds).
-func stateFiles() []string {
-	m, _ := filepath.Glob(filepath.Join(cniStateDir, "*.json"))
-	return m
+// pinsOf is what pins lists for one VF.
+func pinsOf(addr string) []string {
+	var out []string
+	for _, p := range pins() {
+		if strings.Contains(p, addr) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // cniState is the node the CNI phase expects (the harness's): wire A
@@ -219,6 +224,9 @@ func (g *guest) cniState() error {
 var igbSettings = map[string]any{
 	"vlan": 100, "vlanQoS": 3, "spoofchk": "off", "trust": "on", "max_tx_rate": 100,
 }
+
+// podBSettings are pod B's, on the other wire PF: the same VLAN as pod A.
+var podBSettings = map[string]any{"vlan": 100, "spoofchk": "off"}
 
 func cniChecks() []check {
 	var (
@@ -295,7 +303,7 @@ func cniChecks() []check {
 			}
 			return nil
 		}},
-		{"cni/ping-across-pfs", func(g *guest) error {
+		{"cni/attach-second-pod", func(g *guest) error {
 			if err := g.needs("cni/add-settings-no-mac"); err != nil {
 				return err
 			}
@@ -303,44 +311,71 @@ func cniChecks() []check {
 			if podB, err = newPod("pod-b"); err != nil {
 				return err
 			}
-			extra := map[string]any{"vlan": 100, "spoofchk": "off"}
-			if r := (cniCall{"ADD", "pod-b", podB.path, "net1", conf(vB, "10.99.0.2/24", extra)}).do(); r.err != nil {
-				return fmt.Errorf("ADD %s: %s", vB, r)
+			if r := (cniCall{"ADD", "pod-b", podB.path, "net1", conf(vB, "10.99.0.2/24", podBSettings)}).do(); r.err != nil {
+				_ = cniCall{"DEL", "pod-b", podB.path, "net1", conf(vB, "10.99.0.2/24", podBSettings)}.do()
+				return errors.Join(fmt.Errorf("ADD %s: %s", vB, r), podB.del())
 			}
-			// VFs of two PFs on one QEMU hub: the pods' traffic crosses the wire
-			r := podA.exec(30*time.Second, "/bin/busybox", "ping", "-c", "3", "-W", "3", "10.99.0.2")
-			if r.err != nil {
-				return fmt.Errorf("ping from pod-a (%s) to pod-b (%s), VLAN 100: %s", vA, vB, r)
+			return nil
+		}},
+		{"cni/ping-across-pfs", func(g *guest) error {
+			if err := g.needs("cni/attach-second-pod"); err != nil {
+				return err
+			}
+			// VFs of two PFs on one QEMU hub: the pods' traffic crosses the
+			// wire. igbvf's link comes up a moment after the move: wait for
+			// net1's carrier in both pods, then ping (a few tries, bounded)
+			for _, p := range []*pod{podA, podB} {
+				err := waitFor(20*time.Second, func() error {
+					if r := p.exec(10*time.Second, "/bin/cat", "/sys/class/net/net1/carrier"); strings.TrimSpace(r.stdout) != "1" {
+						return fmt.Errorf("net1 in %s: no carrier (%s)", p.name, strings.TrimSpace(r.String()))
+					}
+					return nil
+				})
+				if err != nil {
+					return err
+				}
+			}
+			var r cmdResult
+			err := waitFor(30*time.Second, func() error {
+				r = podA.exec(30*time.Second, "/bin/busybox", "ping", "-c", "2", "-W", "2", "10.99.0.2")
+				return r.err
+			})
+			if err != nil {
+				na := podA.exec(10*time.Second, "/sbin/ip", "neigh", "show", "dev", "net1")
+				return fmt.Errorf("ping from pod-a (%s) to pod-b (%s), VLAN 100: %s (pod-a's neighbours: %s)", vA, vB, r, oneLine(na.stdout))
 			}
 			logf("%s", strings.TrimSpace(lastLine(r.stdout)))
 			return nil
 		}},
 		{"cni/gc", func(g *guest) error {
-			if err := g.needs("cni/ping-across-pfs"); err != nil {
+			if err := g.needs("cni/attach-second-pod"); err != nil {
 				return err
 			}
 			c := conf(vA, "", nil)
 			delete(c, "deviceID")
 			c["ipam"] = map[string]any{"type": "static"}
 			c["cni.dev/valid-attachments"] = []map[string]string{{"containerID": "pod-a", "ifname": "net1"}}
-			if r := (cniCall{command: "GC", conf: c}).do(); r.err != nil {
-				return fmt.Errorf("GC: %s", r)
+			r := cniCall{command: "GC", conf: c}.do()
+			var errs []error
+			if r.err != nil {
+				errs = append(errs, fmt.Errorf("GC: %s", r))
 			}
 			// pod-b's attachment is not valid: torn down; pod-a's kept
-			if why := vB.home(); why != "" {
-				return fmt.Errorf("GC left %s (not a valid attachment) attached: %s", vB, why)
+			if err := homeAndClean(vB); err != nil {
+				errs = append(errs, fmt.Errorf("after GC, which does not list pod-b's attachment: %w", err))
+				_ = cniCall{"DEL", "pod-b", podB.path, "net1", conf(vB, "10.99.0.2/24", podBSettings)}.do()
 			}
 			if s, _ := vA.now(); s.name != "" {
-				return fmt.Errorf("GC took %s (a valid attachment) back: its netdev %s is in the init netns", vA, s.name)
+				errs = append(errs, fmt.Errorf("GC took %s (a valid attachment) back: its netdev %s is in the init netns", vA, s.name))
 			}
-			return podB.del()
+			return errors.Join(append(errs, podB.del())...)
 		}},
 		{"cni/del-restores", func(g *guest) error {
 			if err := g.needs("cni/add-settings-no-mac"); err != nil {
 				return err
 			}
 			if r := (cniCall{"DEL", "pod-a", podA.path, "net1", conf(vA, "10.99.0.1/24", igbSettings)}).do(); r.err != nil {
-				return fmt.Errorf("DEL: %s", r)
+				return errors.Join(fmt.Errorf("DEL: %s", r), podA.del())
 			}
 			err := errors.Join(podA.del(), homeAndClean(vA))
 			return err
@@ -449,11 +484,11 @@ func homeAndClean(v *vf) error {
 	if why != "" {
 		errs = append(errs, fmt.Errorf("%s not back as it was: %s", v, why))
 	}
-	if p := pins(); len(p) > 0 {
+	if p := pinsOf(v.addr); len(p) > 0 {
 		errs = append(errs, fmt.Errorf("pins left: %v", p))
 	}
-	if s := stateFiles(); len(s) > 0 {
-		errs = append(errs, fmt.Errorf("state left: %v", s))
+	if _, err := os.Stat(filepath.Join(cniStateDir, v.addr+".json")); err == nil {
+		errs = append(errs, fmt.Errorf("state left: %s.json", v.addr))
 	}
 	return errors.Join(errs...)
 }
@@ -599,7 +634,7 @@ func (g *guest) killSeries(v *vf, c map[string]any, what string, span time.Durat
 				return fmt.Errorf("kill %d: the VF could not be brought back for the next kill: %w", i, err)
 			}
 		}
-		if pl := pins(); len(pl) > 0 {
+		if pl := pinsOf(v.addr); len(pl) > 0 {
 			k.pinned++
 			k.note(6, "kill at %v: pins left %v", delay.Round(time.Millisecond), pl)
 			for _, x := range pl {
@@ -687,9 +722,7 @@ func (g *guest) rescue(v *vf) error {
 		_ = syscall.Unmount(strings.TrimPrefix(pl, "mount "), syscall.MNT_DETACH)
 		_ = os.Remove(pl)
 	}
-	for _, s := range stateFiles() {
-		_ = os.Remove(s)
-	}
+	_ = os.Remove(filepath.Join(cniStateDir, v.addr+".json"))
 	if err := setNumVFs(v.pf.addr, 0); err != nil {
 		return err
 	}
