@@ -27,6 +27,10 @@ func newHost(t *testing.T, name string, faults ...func(root string) error) strin
 		if _, committed := fixture.Hosts[name]; committed {
 			return filepath.Join("..", "..", "..", "..", "testdata", "sysfs", name)
 		}
+		// A host captured from a real kernel (testdata/sysfs-captured).
+		if dir := filepath.Join("..", "..", "..", "..", "testdata", "sysfs-captured", name); isDir(dir) {
+			return dir
+		}
 		sharedMu.Lock()
 		defer sharedMu.Unlock()
 		if root, ok := shared[name]; ok {
@@ -44,6 +48,11 @@ func newHost(t *testing.T, name string, faults ...func(root string) error) strin
 		require.NoError(t, f(root))
 	}
 	return root
+}
+
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
 }
 
 func writeHost(t *testing.T, root, name string) {

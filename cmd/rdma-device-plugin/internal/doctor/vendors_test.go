@@ -244,6 +244,26 @@ func TestVendorHosts(t *testing.T) {
 			want:  []want{{"pool", Fail, []string{"rdma/igb_hcas is a shared pool", "1 Intel 82576/I350 function it selects (0000:00:04.0)", "have no RDMA in the kernel", "exclusive pool (resourceList) without isRdma"}}},
 			once:  []string{"igb_hcas"},
 			never: []want{{"char-device", Fail, nil}, {"kernel-module", Fail, nil}}},
+		// The igb host captured from make e2e-kernel's 6.12 guest: wire A
+		// 0000:01:00.0 with 3 igbvf VFs, wire B 0000:02:00.0 with one on
+		// igbvf and one on vfio-pci, the node's PF 0000:03:00.0 without.
+		{name: "igb-qemu without a config", host: "igb-qemu",
+			want: []want{
+				{"kernel-module", OK, []string{"igb, igbvf | loaded"}},
+				{"kernel-module", Skip, []string{"RDMA modules not checked", "Intel 82576/I350 (igb, igbvf) have no RDMA"}},
+			},
+			never: []want{{"char-device", Fail, nil}, {"kernel-module", Fail, nil}, {"discovery", Fail, nil}},
+			exit:  ptr(0)},
+		{name: "igb-qemu Ethernet pool", host: "igb-qemu", config: igbVFsDriver,
+			want: []want{
+				{"pool", OK, []string{"intel.com/igb_vfs", "exclusive pool: 4 VFs"}},
+				{"sriov", Warn, []string{"0000:02:10.2 | 1 function: bound to vfio-pci", "drivers/vfio-pci/unbind", "drivers/igbvf/bind"}},
+			},
+			never: []want{{"char-device", Fail, nil}, {"kernel-module", Fail, nil}, {"pool", Fail, nil}}},
+		{name: "igb-qemu in an isRdma pool can never be served", host: "igb-qemu", config: igbRDMAVFs,
+			want:  []want{{"pool", Fail, []string{"intel.com/igb_rdma", "5 Intel 82576/I350 VFs", "have no RDMA in the kernel", "can never be served"}}},
+			once:  []string{"igb_rdma", "0000:01:10.2"},
+			never: []want{{"sriov", Warn, nil}, {"kernel-module", Fail, nil}}},
 		// The committed hosts of the fixture (internal/fixture/vendors.go).
 		{name: "e810-irdma without a config", host: "e810-irdma",
 			want:  []want{{"kernel-module", OK, []string{"ice, iavf, irdma, ib_uverbs, ib_umad, rdma_ucm | loaded"}}, {"port", OK, []string{"2 ports ACTIVE"}}},
