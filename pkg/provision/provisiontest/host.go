@@ -43,8 +43,7 @@ import (
 // What it does not model: a driver binds only when it is registered
 // (sys/bus/pci/drivers/<name> exists), except vfio-pci, which the fake
 // always has; the ID tables are IDDrivers, a few entries of the real ones;
-// a driver other than mlx5_core adds a bare net/<name> directory, not a
-// whole netdev; probes never fail.
+// probes never fail.
 type Host struct {
 	Root string
 	// MLNXOFED lays out what MLNX_OFED's mlx5 adds for each VF of a PF:
@@ -133,11 +132,15 @@ func (h *Host) SetNumVFs(pf string, n int) (autoprobed []string, err error) {
 			}
 		}
 	}
+	// Read as the write is handled, before the VFs show on the bus (the
+	// kernel adds and probes them before sriov_numvfs_store returns): a
+	// writer that sees them may change autoprobe at once.
+	auto := h.autoprobe(pf)
 	vfs, err := fixture.EnableVFs(h.Root, pf, n, false)
 	if err != nil {
 		return nil, err
 	}
-	if !h.autoprobe(pf) {
+	if !auto {
 		return nil, nil
 	}
 	for _, vf := range vfs {
@@ -161,15 +164,20 @@ func (h *Host) autoprobe(pf string) bool {
 }
 
 // IDDrivers is the driver whose ID table lists a function's
-// "vendor:device", a few entries of the kernel's tables: mlx5_core's
-// mlx5_core_pci_table (drivers/net/ethernet/mellanox/mlx5/core/main.c),
-// igbvf's igbvf_pci_tbl (drivers/net/ethernet/intel/igbvf/netdev.c),
-// iavf's iavf_pci_tbl (drivers/net/ethernet/intel/iavf/iavf_main.c).
+// "vendor:device", the VF entries of the kernel's tables that the fixture
+// hosts use: mlx5_core's mlx5_core_pci_table
+// (drivers/net/ethernet/mellanox/mlx5/core/main.c), igbvf's igbvf_pci_tbl
+// (drivers/net/ethernet/intel/igbvf/netdev.c), ixgbevf's (82599 VF,
+// IXGBE_DEV_ID_82599_VF), iavf's iavf_pci_tbl
+// (drivers/net/ethernet/intel/iavf/iavf_main.c), bnxt_en's bnxt_pci_tbl
+// (NETXTREME_E_P5_VF, drivers/net/ethernet/broadcom/bnxt/bnxt.c).
 var IDDrivers = map[string]string{
 	"15b3:1016": "mlx5_core", "15b3:1018": "mlx5_core", "15b3:101a": "mlx5_core",
 	"15b3:101c": "mlx5_core", "15b3:101e": "mlx5_core",
 	"8086:10ca": "igbvf", "8086:1520": "igbvf",
+	"8086:10ed": "ixgbevf",
 	"8086:1889": "iavf",
+	"14e4:1806": "bnxt_en", "14e4:1807": "bnxt_en",
 }
 
 // match is the driver the kernel would bind the function at addr to by
@@ -271,29 +279,19 @@ func (h *Host) Unbind(addr string) error {
 	return fixture.UnbindDriver(h.Root, addr)
 }
 
-// Probe is the bound driver's probe of the VF at addr adding what it
-// adds. For mlx5_core (and mlx5_ib) its netdev and RDMA device appear;
-// the RDMA device's node GUID is guid, or with MLNXOFED and guid nil the
-// one sriov/<vf>/node holds. Another netdev driver adds a bare net/<name>
-// directory. A VF unbound meanwhile, or bound to vfio-pci, is left alone.
+// Probe is the bound driver's probe of the VF at addr adding what it adds
+// (fixture.ProbeVF): for mlx5_core (and mlx5_ib) its netdev and RDMA
+// device, whose node GUID is guid, or with MLNXOFED and guid nil the one
+// sriov/<vf>/node holds; for iavf, igbvf, ixgbevf a netdev; for bnxt_en a
+// netdev and its bnxt_re device. A VF unbound meanwhile, or bound to
+// vfio-pci, is left alone.
 func (h *Host) Probe(addr string, guid net.HardwareAddr) error {
-	switch drv := h.Driver(addr); drv {
-	case "", provision.DriverVFIO:
+	switch drv := h.Driver(addr); {
+	case drv == "" || drv == provision.DriverVFIO:
 		return nil
-	case provision.DriverNetdevice:
-	default:
-		name, err := fixture.VFNetdev(h.Root, addr)
-		if err != nil {
-			return err
-		}
-		if h.Probed != nil {
-			if err := h.Probed(addr, name); err != nil {
-				return err
-			}
-		}
-		return os.MkdirAll(h.dev(addr, "net", name), 0o755)
-	}
-	if guid == nil && h.MLNXOFED {
+	case drv != provision.DriverNetdevice:
+		guid = nil // set GUIDs are ConnectX's
+	case guid == nil && h.MLNXOFED:
 		pf, k, err := h.VF(addr)
 		if err != nil {
 			return err
