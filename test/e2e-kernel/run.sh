@@ -116,8 +116,9 @@ fetch_kernel() {
 		backports_sources || true
 		APT_UPDATED= apt_update || true
 		if ! (cd "$dl" && apt-get download -o APT::Sandbox::User=root "$want" >&2); then
-			local dep
-			dep=$(apt-cache -t bookworm-backports show linux-image-amd64 2>/dev/null |
+			local dep meta
+			meta=$(apt-cache policy -t bookworm-backports linux-image-amd64 2>/dev/null | awk '$1 == "Candidate:" { print $2 }')
+			dep=$(apt-cache show "linux-image-amd64=$meta" 2>/dev/null |
 				awk -F': ' '$1 == "Depends" { split($2, d, " "); print d[1] "=" substr(d[3], 1, length(d[3]) - 1); exit }')
 			[[ $dep == linux-image-6.* ]] || skip "the guest kernel $want is not on the mirror, and bookworm-backports offers no linux-image-amd64"
 			log "WARNING: the pinned kernel $want is not on the mirror; using $dep instead (update KERNEL_ABI/KERNEL_PKG_VERSION in test/e2e-kernel/run.sh)"
