@@ -178,6 +178,9 @@ func (s *Selector) Matches(d *nic.Device) bool {
 	if len(s.Drivers) > 0 && !slices.Contains(s.Drivers, d.Driver) {
 		return false
 	}
+	if slices.Contains(s.NotDrivers, d.Driver) {
+		return false
+	}
 	if len(s.PCIAddresses) > 0 && !slices.Contains(s.PCIAddresses, d.PCIAddress) {
 		return false
 	}

@@ -22,6 +22,10 @@ type Selector struct {
 	IfNames      []string
 	LinkTypes    []string // rdma.LinkLayerInfiniBand or rdma.LinkLayerEthernet
 	IsRdma       bool     // only functions with an RDMA device
+	// NotDrivers are drivers whose functions never match: a policy's
+	// netdevice pool takes VFs on whatever driver their IDs select
+	// (mlx5_core, iavf, igbvf, bnxt_en, …) but vfio-pci. Not a config key.
+	NotDrivers []string
 }
 
 // VFSet is a PF (by netdev name or PCI address) and, optionally, which of
@@ -46,7 +50,7 @@ func (s VFSet) Contains(i int) bool {
 }
 
 func (s *Selector) empty() bool {
-	return len(s.Vendors) == 0 && len(s.Devices) == 0 && len(s.Drivers) == 0 && len(s.PCIAddresses) == 0 &&
+	return len(s.Vendors) == 0 && len(s.Devices) == 0 && len(s.Drivers) == 0 && len(s.NotDrivers) == 0 && len(s.PCIAddresses) == 0 &&
 		len(s.PFNames) == 0 && len(s.RootDevices) == 0 && len(s.IfNames) == 0 && len(s.LinkTypes) == 0 && !s.IsRdma
 }
 

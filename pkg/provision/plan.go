@@ -14,8 +14,8 @@ import (
 )
 
 // DriverNetdevice is the driver a netdevice VF of a ConnectX PF is bound
-// to. Provisioning does not bind by this name (see DriverByID); the pools
-// a policy feeds select by it.
+// to. Provisioning does not bind by this name (see DriverByID), and the
+// pools a policy feeds take a netdevice VF on any driver but vfio-pci.
 const DriverNetdevice = "mlx5_core"
 
 // DriverByID, as the driver of a bind step, is the driver the kernel

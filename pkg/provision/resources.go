@@ -10,7 +10,8 @@ import (
 // Resources are the exclusive pools the plan's policies feed, one per
 // resourceName, in policy order: each takes, of the PFs the plan gives
 // the policy, the VFs of its VF ranges that are bound to the driver its
-// deviceType asks for (and with isRdma, that have an RDMA device). A
+// deviceType asks for: vfio-pci, or for netdevice any other (and with
+// isRdma, that have an RDMA device). A
 // policy that got no PF on this node still has its pool, empty unless
 // its pfNames or rootDevices name PFs that show up later, so that pods
 // asking for it wait rather than fail. prefix is the resource prefix
@@ -63,12 +64,16 @@ func vfsOnly(sets []pool.VFSet) []pool.VFSet {
 }
 
 func selectorOf(g Group, roots, names []pool.VFSet) pool.Selector {
-	roots, names = vfsOnly(roots), vfsOnly(names)
-	drv := DriverNetdevice
+	s := pool.Selector{RootDevices: vfsOnly(roots), PFNames: vfsOnly(names), IsRdma: g.IsRdma}
 	if g.DeviceType == DeviceTypeVFIO {
-		drv = DriverVFIO
+		s.Drivers = []string{DriverVFIO}
+	} else {
+		// A netdevice VF is on the driver its IDs select, of any
+		// vendor (DriverByID); an unbound one the pool leaves out
+		// with a warning.
+		s.NotDrivers = []string{DriverVFIO}
 	}
-	return pool.Selector{Drivers: []string{drv}, RootDevices: roots, PFNames: names, IsRdma: g.IsRdma}
+	return s
 }
 
 // Merge adds the policies' resources to a pool config (nil: a config of

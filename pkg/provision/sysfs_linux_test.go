@@ -311,6 +311,18 @@ func TestProvisionBindsEachVFToTheDriverItsIDsMatch(t *testing.T) {
 				require.Equal(t, want, d.Driver, "VF %d (%s)", d.VFIndex, d.PCIAddress)
 			}
 			require.Equal(t, autoprobe, strings.TrimSpace(read(t, filepath.Join(root, "sys/bus/pci/devices", pf, "sriov_drivers_autoprobe"))))
+			// The policies' pools serve what was made: the igbvf VFs and
+			// the vfio-pci ones, each in its own pool.
+			pools, _ := pool.Build(provision.Merge(nil, provision.Resources(plan, "intel.com")), snap.Devices)
+			require.Len(t, pools, 2)
+			for _, p := range pools {
+				var got []int
+				for _, d := range p.Devices {
+					got = append(got, d.VFIndex)
+				}
+				want := map[string][]int{"intel.com/igb_net": {0, 1, 2, 3}, "intel.com/igb_vfio": {4, 5}}[p.ResourceName()]
+				require.Equal(t, want, got, p.ResourceName())
+			}
 			again := provision.NewPlan(ps, provision.Node{Root: root, Snapshot: snap})
 			require.Zero(t, again.Changes(), "%v", again.PFs[0].Steps)
 		})
