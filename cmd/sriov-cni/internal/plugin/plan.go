@@ -242,7 +242,7 @@ func rdmaPlan(c *NetConf, d *nic.Device, mode string, modeErr error) (bool, *not
 	}
 	if d.RDMADevice == "" {
 		if c.RDMAIsolation {
-			return false, nil, fmt.Errorf("rdmaIsolation is set but the VF has no RDMA device (is mlx5_ib loaded?)")
+			return false, nil, fmt.Errorf("rdmaIsolation is set but the VF (%s) has no RDMA device (%s)", d.Driver, nic.RDMAHint(d.Driver))
 		}
 		return false, nil, nil
 	}
