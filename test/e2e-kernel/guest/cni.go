@@ -433,8 +433,9 @@ func cniChecks() []check {
 // the MAC set on the PF as the VF's administrative MAC, and igbvf asks
 // the PF for a MAC set from the VF side: igb refuses it while an
 // administrative MAC is set ("VF N attempted to override administratively
-// set MAC address", EADDRNOTAVAIL on the VF), so a CNI that sets the MAC
-// on the PF and then on the netdev fails here.
+// set MAC address", EADDRNOTAVAIL on the VF, in dmesg.txt), so a CNI that
+// sets the MAC on the PF and then on the netdev fails here; the netdev has
+// to take the MAC from its PF (a VF reset) instead.
 func (g *guest) addMAC(extra map[string]any) error {
 	if err := g.needs("setup/pfs"); err != nil {
 		return err
