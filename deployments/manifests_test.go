@@ -63,10 +63,10 @@ var pluginFlagDefaults = map[string]string{
 var pluginBoolFlags = map[string]bool{"use-cdi": true}
 
 const (
-	nfdLabel           = "feature.node.kubernetes.io/pci-15b3.present"
+	nfdLabel = "feature.node.kubernetes.io/pci-15b3.present"
 	// NFD's own label for a node with an SR-IOV capable netdev (its
 	// network source, on by default).
-	sriovLabel = "feature.node.kubernetes.io/network-sriov.capable"
+	sriovLabel         = "feature.node.kubernetes.io/network-sriov.capable"
 	resourceAnnotation = "k8s.v1.cni.cncf.io/resourceName"
 	networksAnnotation = "k8s.v1.cni.cncf.io/networks"
 	sharedResource     = "rdma/hca_shared_devices_a"
