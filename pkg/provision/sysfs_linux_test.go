@@ -342,3 +342,67 @@ func standin(t *testing.T, h *provisiontest.Host) {
 		require.NoError(t, <-done)
 	})
 }
+
+// Policies for an Intel E810 and a Broadcom PF, on the fixture hosts laid
+// out as Linux 6.12 lays out ice/iavf/irdma and bnxt_en/bnxt_re, applied
+// through the real SysfsKernel under the kernel stand-in: each netdevice
+// VF is bound to the driver its IDs select (iavf, bnxt_en), discovery
+// finds them with what their drivers give them (a netdev; for bnxt_en
+// also its bnxt_re device), the policy's pool serves them, and a second
+// plan changes nothing.
+func TestProvisionVendorHosts(t *testing.T) {
+	for _, tc := range []struct {
+		host, pf   string
+		numVFs     int
+		wantDriver string
+		wantRDMA   bool
+	}{
+		{"e810-irdma", "0000:3b:00.1", 3, "iavf", false}, // 0 VFs before
+		{"bnxt-re", "0000:41:00.1", 3, "bnxt_en", true},  // 2 vfio-pci VFs before: through 0
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			root := t.TempDir()
+			require.NoError(t, fixture.Write(root, tc.host))
+			standin(t, &provisiontest.Host{Root: root})
+			ps := []provision.Policy{{Name: "net", ResourceName: "vfs", NumVFs: tc.numVFs, DeviceType: provision.DeviceTypeNetdevice,
+				IsRdma: tc.wantRDMA, RootDevices: []pool.VFSet{{PF: tc.pf}}}}
+			scan := func() *nic.Snapshot {
+				s, err := nic.NewScanner(root).Scan()
+				require.NoError(t, err)
+				return s
+			}
+			plan := provision.NewPlan(ps, provision.Node{Root: root, Snapshot: scan()})
+			require.Len(t, plan.PFs, 1)
+			require.NoError(t, plan.PFs[0].Refused)
+			a := &provision.Applier{Kernel: provision.NewSysfsKernel(root, nil), Root: root, Timeout: 5 * time.Second, Poll: time.Millisecond}
+			_, err := a.Apply(context.Background(), plan)
+			require.NoError(t, err)
+
+			// The stand-in adds a netdev's or RDMA device's directory
+			// below the VF (what the applier waits for) a moment before
+			// its /sys/class link (what discovery joins by).
+			var snap *nic.Snapshot
+			require.Eventually(t, func() bool {
+				snap = scan()
+				n := 0
+				for _, d := range snap.Devices {
+					if d.PFAddress == tc.pf && d.Netdev != "" && (d.RDMADevice != "") == tc.wantRDMA {
+						n++
+					}
+				}
+				return n == tc.numVFs
+			}, 5*time.Second, 10*time.Millisecond)
+			pools, _ := pool.Build(provision.Merge(nil, provision.Resources(plan, "example.com")), snap.Devices)
+			require.Len(t, pools, 1)
+			require.Len(t, pools[0].Devices, tc.numVFs, "the policy's pool serves every VF it made")
+			for _, d := range pools[0].Devices {
+				require.Equal(t, tc.pf, d.PFAddress)
+				require.Equal(t, tc.wantDriver, d.Driver, d.PCIAddress)
+				require.NotEmpty(t, d.Netdev, d.PCIAddress)
+				require.Equal(t, tc.wantRDMA, d.RDMADevice != "", d.PCIAddress)
+			}
+			again := provision.NewPlan(ps, provision.Node{Root: root, Snapshot: snap})
+			require.Zero(t, again.Changes(), "%v", again.PFs[0].Steps)
+		})
+	}
+}
