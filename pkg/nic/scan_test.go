@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -332,4 +333,42 @@ func TestScanAnyVendor(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "igbvf", d.Driver)
 	require.Equal(t, 0, d.VFIndex)
+}
+
+// The vendor hosts: E810 (ice, iavf, irdma) and Broadcom (bnxt_en,
+// bnxt_re) laid out from the kernel sources, and igb/igbvf captured from
+// a real Linux 6.12 guest (make e2e-kernel; testdata/sysfs-captured).
+func TestScanVendorHosts(t *testing.T) {
+	for _, tc := range []struct {
+		root  string
+		addr  string // one function to check whole
+		want  nic.Device
+		count int
+	}{
+		{root("e810-irdma"), "0000:3b:00.1", nic.Device{PCIAddress: "0000:3b:00.1", Vendor: "8086", DeviceID: "159b",
+			Driver: "ice", Netdev: "enp59s0f1np1", RDMADevice: "irdma1", TotalVFs: 128, VFIndex: -1}, 6},
+		{root("e810-irdma"), "0000:3b:01.2", nic.Device{PCIAddress: "0000:3b:01.2", Vendor: "8086", DeviceID: "1889",
+			Driver: "iavf", Netdev: "enp59s0f0v2", PFAddress: "0000:3b:00.0", VFIndex: 2}, 6},
+		{root("bnxt-re"), "0000:41:00.3", nic.Device{PCIAddress: "0000:41:00.3", Vendor: "14e4", DeviceID: "1806",
+			Driver: "bnxt_en", Netdev: "enp65s0f0v1", PFAddress: "0000:41:00.0", VFIndex: 1, RDMADevice: "bnxt_re3"}, 8},
+		{filepath.Join("..", "..", "testdata", "sysfs-captured", "igb-qemu"), "0000:02:10.2", nic.Device{PCIAddress: "0000:02:10.2",
+			Vendor: "8086", DeviceID: "10ca", Driver: "vfio-pci", PFAddress: "0000:02:00.0", VFIndex: 1}, 8},
+	} {
+		t.Run(filepath.Base(tc.root)+"/"+tc.addr, func(t *testing.T) {
+			s, err := nic.NewScanner(tc.root).Scan()
+			require.NoError(t, err)
+			require.Len(t, s.Devices, tc.count)
+			require.Empty(t, s.Warnings, "nothing is missing that these drivers give")
+			d := dev(t, s, tc.addr)
+			got := nic.Device{PCIAddress: d.PCIAddress, Vendor: d.Vendor, DeviceID: d.DeviceID, Driver: d.Driver, Netdev: d.Netdev,
+				PFAddress: d.PFAddress, VFIndex: d.VFIndex, RDMADevice: d.RDMADevice, TotalVFs: d.TotalVFs}
+			require.Equal(t, tc.want, got)
+			if d.RDMADevice != "" {
+				require.Equal(t, "/dev/infiniband/uverbs"+strings.TrimLeft(d.RDMADevice, "abcdefghijklmnopqrstuvwxyz_"), d.CharDevices[0].Path)
+			}
+			if d.Driver == "vfio-pci" {
+				require.Equal(t, []string{"/dev/vfio/vfio", "/dev/vfio/" + d.IOMMUGroup}, d.VFIODevices)
+			}
+		})
+	}
 }

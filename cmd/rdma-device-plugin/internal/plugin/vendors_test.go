@@ -19,7 +19,8 @@ import (
 // and NCCL_IB_HCA / UCX_NET_DEVICES name its RDMA device whatever its
 // vendor; a pool of functions without an RDMA device (iavf VFs: irdma
 // gives E810 VFs none in Linux 6.12) gets the netdev's PCI address and no
-// NCCL variables.
+// NCCL variables, as does one of igbvf VFs on the sysfs captured from a
+// real Linux 6.12 guest (make e2e-kernel).
 func TestAllocateAnyVendor(t *testing.T) {
 	for _, tc := range []struct {
 		name, host, config string
@@ -33,6 +34,8 @@ func TestAllocateAnyVendor(t *testing.T) {
 			"intel.com/e810_vfs", "0000:3b:01.0", "", nil},
 		{"e810 rdma pf", "e810-irdma", `{"resourceList":[{"resourceName":"e810_rdma","resourcePrefix":"intel.com","selectors":{"vendors":["8086"],"isRdma":true}}]}`,
 			"intel.com/e810_rdma", "0000:3b:00.1", "=irdma1:1", []string{"/dev/infiniband/uverbs1", "/dev/infiniband/rdma_cm"}},
+		{"igb vfs on the real kernel's sysfs", "../sysfs-captured/igb-qemu", `{"resourceList":[{"resourceName":"igb_vfs","resourcePrefix":"intel.com","selectors":{"vendors":["8086"],"drivers":["igbvf"]}}]}`,
+			"intel.com/igb_vfs", "0000:01:10.0", "", nil},
 		{"bnxt rdma vfs", "bnxt-re", `{"resourceList":[{"resourceName":"bnxt_rdma","resourcePrefix":"broadcom.com","selectors":{"vendors":["14e4"],"drivers":["bnxt_en"],"isRdma":true}}]}`,
 			"broadcom.com/bnxt_rdma", "0000:41:00.2", "=bnxt_re2:1", []string{"/dev/infiniband/uverbs2", "/dev/infiniband/rdma_cm"}},
 	} {
