@@ -85,6 +85,13 @@ current-context: c
 	require.Equal(t, dra.DriverName, info.Name)
 	require.Equal(t, filepath.Join(pluginDir, "dra.sock"), info.Endpoint)
 
+	// The DRA build serves client_golang's process and Go collectors too.
+	code, m := d.get("/metrics")
+	require.Equal(t, 200, code, m)
+	require.Regexp(t, `(?m)^process_resident_memory_bytes [0-9.e+]+$`, m)
+	require.Regexp(t, `(?m)^go_goroutines [0-9]+$`, m)
+	require.Contains(t, m, `fastpath_device_plugin_devices{resource="rdma/hca_shared_devices_a"}`)
+
 	d.stop()
 	require.NoFileExists(t, sock, "the registration socket goes with the plugin")
 }

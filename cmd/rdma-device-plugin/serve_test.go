@@ -41,14 +41,25 @@ const (
 // binary is the lean daemon (-tags nodra,grpcnotrace): what the default
 // DaemonSet runs, and what the tests and benchmarks of the device plugin
 // run. grpcnotrace is make's BUILDTAGS: gRPC without golang.org/x/net/trace.
+//
+// FASTPATH_BENCH_DAEMON, when set, is a daemon built elsewhere that the
+// benchmarks run instead: an A/B comparison runs one test binary with
+// each build in turn (docs/benchmarks.md, "A against B").
 func binary(t testing.TB) string {
 	t.Helper()
+	if bin := os.Getenv("FASTPATH_BENCH_DAEMON"); bin != "" {
+		return bin
+	}
 	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "nodra,grpcnotrace", Release: true}, daemonPkg), "rdma-device-plugin")
 }
 
 // draBinary is rdma-device-plugin-dra: DRA linked in.
+// FASTPATH_BENCH_DAEMON_DRA is its FASTPATH_BENCH_DAEMON.
 func draBinary(t testing.TB) string {
 	t.Helper()
+	if bin := os.Getenv("FASTPATH_BENCH_DAEMON_DRA"); bin != "" {
+		return bin
+	}
 	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "grpcnotrace", Release: true}, daemonPkg), "rdma-device-plugin")
 }
 
@@ -352,6 +363,8 @@ func TestServeFixtureHost(t *testing.T) {
 	require.Contains(t, m, `fastpath_device_plugin_devices{resource="mellanox.com/mlnx_sriov_rdma"} 32`)
 	require.Contains(t, m, `fastpath_device_plugin_allocated_devices_total{resource="mellanox.com/mlnx_sriov_rdma"} 1`)
 	require.Regexp(t, `fastpath_build_info\{goversion="go[0-9.]+",revision="[^"]+",version="[^"]+"\} 1`, m)
+	require.Regexp(t, `(?m)^process_resident_memory_bytes [0-9.e+]+$`, m, "client_golang's process collector")
+	require.Regexp(t, `(?m)^go_goroutines [0-9]+$`, m, "client_golang's Go collector")
 	require.Contains(t, d.log.String(), `"msg":"starting","version":`)
 	require.Contains(t, d.log.String(), `"resources":["rdma/hca_shared_devices_a","mellanox.com/mlnx_sriov_rdma"]`, "the startup log names the full resource names")
 

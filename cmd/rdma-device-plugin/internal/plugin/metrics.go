@@ -4,53 +4,76 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/fastpath-k8s/fastpath/internal/promtext"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/fastpath-k8s/fastpath/internal/version"
 )
 
-// Metrics are the plugin's Prometheus metrics, on their own registry. A nil
-// *Metrics records nothing. They are served by internal/promtext, in the
-// text exposition format, and not by client_golang: its package init alone
-// cost every start of the lean binary 10 package inits, 211 KB and 1,446
-// allocations (docs/performance-ratios.md).
+// Metrics are the plugin's Prometheus metrics, on their own registry with
+// client_golang's process and Go collectors, as every Kubernetes node
+// component serves them. A nil *Metrics records nothing.
 type Metrics struct {
-	Registry      *promtext.Registry
-	devices       *promtext.Family
-	healthy       *promtext.Family
-	allocations   *promtext.Family
-	registrations *promtext.Family
-	rescan        *promtext.Family
-	vfsDesired    *promtext.Family
-	vfsActual     *promtext.Family
+	Registry      *prometheus.Registry
+	devices       *prometheus.GaugeVec
+	healthy       *prometheus.GaugeVec
+	allocations   *prometheus.CounterVec
+	registrations *prometheus.CounterVec
+	rescan        prometheus.Histogram
+	vfsDesired    *prometheus.GaugeVec
+	vfsActual     *prometheus.GaugeVec
 }
 
-// NewMetrics creates the metrics and fastpath_build_info for build.
+// NewMetrics creates the metrics, fastpath_build_info for build and the
+// process_* and go_* series.
 //
 // RDMA port counters are not among them: node_exporter's infiniband
 // collector (on by default) exports every HCA's, VFs' included, under
 // the names dashboards use (node_infiniband_port_data_received_bytes_total
 // ...), in bytes where the kernel counts 4-octet words.
 func NewMetrics(build version.Info) *Metrics {
-	r := &promtext.Registry{}
 	m := &Metrics{
-		Registry: r,
-		devices: r.Gauge("fastpath_device_plugin_devices",
-			"Devices advertised to the kubelet, per resource.", "resource"),
-		healthy: r.Gauge("fastpath_device_plugin_healthy_devices",
-			"Healthy devices advertised to the kubelet, per resource.", "resource"),
-		allocations: r.Counter("fastpath_device_plugin_allocated_devices_total",
-			"Devices handed out by Allocate, per resource.", "resource"),
-		registrations: r.Counter("fastpath_device_plugin_registrations_total",
-			"Registrations with the kubelet, per resource and result.", "resource", "result"),
-		rescan: r.Histogram("fastpath_device_plugin_rescan_duration_seconds",
-			"Time to scan the host and rebuild the pools.", promtext.ExponentialBuckets(0.0005, 2, 14)),
-		vfsDesired: r.Gauge("fastpath_provision_vfs_desired",
-			"VFs the owning SriovNetworkNodePolicy wants on the PF (numVfs).", "pf", "policy"),
-		vfsActual: r.Gauge("fastpath_provision_vfs",
-			"VFs the PF has (sriov_numvfs), for the PFs a policy owns.", "pf"),
+		Registry: prometheus.NewRegistry(),
+		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "devices",
+			Help: "Devices advertised to the kubelet, per resource.",
+		}, []string{"resource"}),
+		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "healthy_devices",
+			Help: "Healthy devices advertised to the kubelet, per resource.",
+		}, []string{"resource"}),
+		allocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "allocated_devices_total",
+			Help: "Devices handed out by Allocate, per resource.",
+		}, []string{"resource"}),
+		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "registrations_total",
+			Help: "Registrations with the kubelet, per resource and result.",
+		}, []string{"resource", "result"}),
+		rescan: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "fastpath", Subsystem: "device_plugin", Name: "rescan_duration_seconds",
+			Help:    "Time to scan the host and rebuild the pools.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		vfsDesired: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "fastpath", Subsystem: "provision", Name: "vfs_desired",
+			Help: "VFs the owning SriovNetworkNodePolicy wants on the PF (numVfs).",
+		}, []string{"pf", "policy"}),
+		vfsActual: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "fastpath", Subsystem: "provision", Name: "vfs",
+			Help: "VFs the PF has (sriov_numvfs), for the PFs a policy owns.",
+		}, []string{"pf"}),
 	}
-	r.Gauge("fastpath_build_info", "Always 1; the labels say which build of fastpath runs.", "version", "revision", "goversion").
-		Set(1, build.Version, build.Revision, build.GoVersion)
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "fastpath", Name: "build_info",
+		Help:        "Always 1; the labels say which build of fastpath runs.",
+		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
+	})
+	info.Set(1)
+	m.Registry.MustRegister(info, m.devices, m.healthy, m.allocations, m.registrations, m.rescan, m.vfsDesired, m.vfsActual,
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewGoCollector())
 	return m
 }
 
@@ -58,23 +81,23 @@ func (m *Metrics) setDevices(resource string, n, healthy int) {
 	if m == nil {
 		return
 	}
-	m.devices.Set(float64(n), resource)
-	m.healthy.Set(float64(healthy), resource)
+	m.devices.WithLabelValues(resource).Set(float64(n))
+	m.healthy.WithLabelValues(resource).Set(float64(healthy))
 }
 
 func (m *Metrics) forget(resource string) {
 	if m == nil {
 		return
 	}
-	m.devices.Delete(resource)
-	m.healthy.Delete(resource)
+	m.devices.DeleteLabelValues(resource)
+	m.healthy.DeleteLabelValues(resource)
 }
 
 func (m *Metrics) allocated(resource string, n int) {
 	if m == nil {
 		return
 	}
-	m.allocations.Add(float64(n), resource)
+	m.allocations.WithLabelValues(resource).Add(float64(n))
 }
 
 func (m *Metrics) registered(resource string, err error) {
@@ -85,7 +108,7 @@ func (m *Metrics) registered(resource string, err error) {
 	if err != nil {
 		result = "error"
 	}
-	m.registrations.Add(1, resource, result)
+	m.registrations.WithLabelValues(resource, result).Inc()
 }
 
 func (m *Metrics) rescanned(d time.Duration) {
@@ -100,11 +123,13 @@ func (m *Metrics) SetVFs(pf, policy string, desired, actual int) {
 	if m == nil {
 		return
 	}
-	m.vfsDesired.Set(float64(desired), pf, policy)
-	m.vfsActual.Set(float64(actual), pf)
+	m.vfsDesired.WithLabelValues(pf, policy).Set(float64(desired))
+	m.vfsActual.WithLabelValues(pf).Set(float64(actual))
 }
 
-// Handler serves the metrics in the Prometheus text exposition format.
+// Handler serves the metrics in the Prometheus exposition formats
+// (promhttp: the text format unless the scraper asks for protobuf;
+// gzipped when it accepts gzip).
 func (m *Metrics) Handler() http.Handler {
-	return m.Registry.Handler()
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
 }
