@@ -238,8 +238,8 @@ func (r *ClassReader) read(sys, class, sub string, workers int, family Family, d
 	}
 	// Each owner's names are a window of one slice: the entries with an
 	// owner, sorted by it and then by name. The entries are sorted as
-	// one integer each, the owner's key above the entry's index, by a
-	// radix sort over the bytes the owners differ in (ownerOrder);
+	// one integer each, the owner's key above the entry's index
+	// (ownerOrder);
 	// names are then compared only within an owner that has several
 	// (few do), so the listing need not be sorted first.
 	// The slices are sized for every entry at once: grown by appending,
