@@ -16,8 +16,9 @@ import (
 // registers, and the collection the runtime made at its 4 MB minimum, in
 // the middle of the start, found half of it live. Without it the start
 // takes about 230 fewer page faults and 0.07–0.12 less of its ratio to
-// floor+list (BenchmarkDaemonStart/host=vfs1024, five pairs of runs; see
-// docs/performance-ratios.md, round 7). The first memory release after
+// floor+list (BenchmarkDaemonStart/host=vfs1024, five pairs of runs,
+// issue 28's round 7; measured again against the runtime's own pacing in
+// issue 40: docs/benchmarks.md). The first memory release after
 // registration (plugin.Options.ReleaseMemory, which waits for a pause in
 // the Allocates that follow a registration, 2 s at most) collects anyway.
 const (
