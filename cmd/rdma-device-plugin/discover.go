@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -57,9 +56,13 @@ func defaultHostRoot() string {
 	return "/"
 }
 
+const discoverUsage = "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [--policy FILE] [--resource-prefix P] [-o table|json]\n\n" +
+	"Shows the node's NIC functions: SR-IOV PFs and VFs of any vendor, every ConnectX function and any\n" +
+	"function with an RDMA device (PF -> VFs -> netdev -> RDMA device -> char devices)\n" +
+	"and, with --config, which pool gets which device.\n\n"
+
 func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("discover", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("discover", discoverUsage, stderr)
 	hostRoot := fs.String("host-root", defaultHostRoot(), "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev); default $FASTPATH_HOST_ROOT or /")
 	configPath := fs.String("config", "", "pool config file (configList and/or resourceList JSON); empty shows devices only")
 	fs.StringVar(configPath, "config-file", "", "the same as --config")
@@ -68,21 +71,11 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	policyPath := fs.String("policy", "", "SriovNetworkNodePolicy file: show which policy owns each PF, what it wants, and its pools")
 	var node nodeFlags
 	registerNodeFlags(fs, &node)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: rdma-device-plugin discover [--host-root DIR] [--config FILE] [--policy FILE] [--resource-prefix P] [-o table|json]\n\n"+
-			"Shows the node's NIC functions: SR-IOV PFs and VFs of any vendor, every ConnectX function and any\n"+
-			"function with an RDMA device (PF -> VFs -> netdev -> RDMA device -> char devices)\n"+
-			"and, with --config, which pool gets which device.\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
+	if help, err := parseFlags(fs, args); help || err != nil {
+		if errors.Is(err, errStrayArgument) {
+			return fmt.Errorf("discover: %w", err)
 		}
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("discover: unexpected argument %q", fs.Arg(0))
 	}
 	if *output != "table" && *output != "json" {
 		return fmt.Errorf("discover: -o %q: want table or json", *output)

@@ -45,8 +45,7 @@ Exit status: 0 all ok, 1 warnings only, 2 any failure (or bad usage).
 `
 
 func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("doctor", doctorUsage, stderr)
 	defRoot := defaultHostRoot()
 	hostRoot := fs.String("host-root", defRoot, "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev); default $FASTPATH_HOST_ROOT or /")
 	configPath := fs.String("config", defaultConfig, "pool config file; when the default is missing, the checks cover every Mellanox function")
@@ -62,21 +61,16 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	policyPath := fs.String("policy", "", "SriovNetworkNodePolicy file: say where the node and the policies disagree, and why")
 	var node nodeFlags
 	registerNodeFlags(fs, &node)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, doctorUsage)
-		fs.PrintDefaults()
-	}
 	usage := func(format string, a ...any) error {
 		return &exitError{code: 2, msg: "doctor: " + fmt.Sprintf(format, a...)}
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	switch help, err := parseFlags(fs, args); {
+	case help:
+		return nil
+	case errors.Is(err, errStrayArgument):
+		return usage("%v", err)
+	case err != nil:
 		return &exitError{code: 2} // the flag package said why
-	}
-	if fs.NArg() > 0 {
-		return usage("unexpected argument %q", fs.Arg(0))
 	}
 	if *output != "table" && *output != "json" {
 		return usage("-o %q: want table or json", *output)

@@ -198,29 +198,23 @@ func (p *provisioner) apply(ctx context.Context, plan *provision.Plan) (provisio
 	return a.Apply(ctx, plan)
 }
 
+const provisionUsage = "usage: rdma-device-plugin provision --policy FILE [--dry-run] [--host-root DIR] [-o table|json]\n\n" +
+	"Creates the VFs the SriovNetworkNodePolicies in FILE ask for on this node (sriov_numvfs,\n" +
+	"InfiniBand GUIDs, driver binding, PF MTU), or with --dry-run prints what it would do.\n\n"
+
 func runProvision(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("provision", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("provision", provisionUsage, stderr)
 	var f provisionFlags
 	registerProvisionFlags(fs, &f)
 	hostRoot := fs.String("host-root", defaultHostRoot(), "directory that stands for / on the node (sysfs at DIR/sys); default $FASTPATH_HOST_ROOT or /")
 	podResources := fs.String("pod-resources-socket", plugin.DefaultPodResourcesSocket, "the kubelet's PodResources API, asked which VFs pods hold; empty: do not ask")
 	dryRun := fs.Bool("dry-run", false, "print the plan and write nothing")
 	output := fs.String("o", "table", "output format: table or json")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: rdma-device-plugin provision --policy FILE [--dry-run] [--host-root DIR] [-o table|json]\n\n"+
-			"Creates the VFs the SriovNetworkNodePolicies in FILE ask for on this node (sriov_numvfs,\n"+
-			"InfiniBand GUIDs, driver binding, PF MTU), or with --dry-run prints what it would do.\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
+	if help, err := parseFlags(fs, args); help || err != nil {
+		if errors.Is(err, errStrayArgument) {
+			return fmt.Errorf("provision: %w", err)
 		}
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("provision: unexpected argument %q", fs.Arg(0))
 	}
 	if f.policy == "" {
 		return errors.New("provision: --policy FILE is required")

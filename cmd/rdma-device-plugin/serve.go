@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -56,11 +55,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return serve(ctx, *f, log)
 }
 
+const serveUsage = "usage: rdma-device-plugin [flags]            serve the pools to the kubelet\n" +
+	"       rdma-device-plugin discover [flags]   show what the node has (see discover -h)\n\n"
+
 // parseServeFlags parses the serve flags; nil flags and no error mean
 // help was printed.
 func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
-	fs := flag.NewFlagSet("rdma-device-plugin", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("rdma-device-plugin", serveUsage, stderr)
 	var f serveFlags
 	fs.StringVar(&f.config, "config", defaultConfig, "pool config file (configList and/or resourceList JSON)")
 	fs.StringVar(&f.config, "config-file", defaultConfig, "the same as --config (the name the peer plugins use)")
@@ -78,19 +79,11 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	registerDRAFlags(fs, &f.dra)
 	registerProvisionFlags(fs, &f.provision)
 	fs.DurationVar(&f.provision.retry, "provision-retry", defaultProvisionRetry, "with --policy: how often a PF that could not be changed (VFs in use, a failed write) is tried again")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: rdma-device-plugin [flags]            serve the pools to the kubelet\n"+
-			"       rdma-device-plugin discover [flags]   show what the node has (see discover -h)\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, nil
+	if help, err := parseFlags(fs, args); help || err != nil {
+		if errors.Is(err, errStrayArgument) {
+			return nil, fmt.Errorf("%w (subcommands: discover, doctor, provision)", err)
 		}
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q (subcommands: discover, doctor, provision)", fs.Arg(0))
 	}
 	if f.useCDI && f.cdiDir == "" {
 		f.cdiDir = defaultCDIDir
