@@ -172,3 +172,32 @@ func (m *Manager) isAllocated(id string) bool {
 	defer m.allocMu.Unlock()
 	return m.allocated[id]
 }
+
+// indexNetdevs rebuilds watched and vfOfNetdev from the pools, and drops
+// the deleted links no pool has any more. Only link events read them
+// (and refreshHeld, through anyVFOut), and a start subscribes to links
+// after its first registration round: the first apply leaves them to
+// afterFirstRegistration, so that the kubelet is not kept waiting for
+// maps of every netdev of a large host (a thousand VFs, and their PFs).
+func (m *Manager) indexNetdevs() {
+	clear(m.watched)
+	clear(m.vfOfNetdev)
+	for _, p := range m.pools {
+		for i := range p.Devices {
+			d := &p.Devices[i]
+			for _, n := range []string{d.Netdev, d.PFNetdev} {
+				if n != "" {
+					m.watched[n] = true
+				}
+			}
+			if p.Kind == pool.Exclusive && d.IsVF() && d.Netdev != "" {
+				m.vfOfNetdev[d.Netdev] = d.PCIAddress
+			}
+		}
+	}
+	for n, st := range m.links {
+		if st.deleted && !m.watched[n] {
+			delete(m.links, n)
+		}
+	}
+}
