@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 )
@@ -116,7 +115,7 @@ func (d Dir) List(name string) ([]string, error) {
 	if err != nil || len(names) == 0 {
 		return nil, err
 	}
-	slices.Sort(names)
+	sortNames(names)
 	return names, nil
 }
 
@@ -142,7 +141,7 @@ func (d Dir) listRaw(name string, dst, prev []string) ([]string, bool, error) {
 	}
 	r := reuse{prev: prev, same: true}
 	for _, n := range names {
-		if s, ok := r.take(n); ok {
+		if s, ok := r.take([]byte(n)); ok {
 			n = s
 		}
 		dst = append(dst, n)
