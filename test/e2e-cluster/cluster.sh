@@ -2,7 +2,10 @@
 # Bring-up of the one-node cluster (sourced by run.sh): certificates and
 # kubeconfigs, etcd, the API server, controller-manager and scheduler,
 # containerd with Multus as its CNI, the kubelet registered as a Node.
-# Everything listens on 127.0.0.1 only, on ports preflight checks are free.
+# Everything listens on 127.0.0.1 only, on ports preflight checks are free,
+# but the API server: it listens on the host's address on the node network
+# ($API_HOST, a bridge with no port but the two-node phase's nodes), where
+# the nodes' kubelets and pods reach it as the host's do.
 
 PKI=$RUN/pki
 KCFG=$RUN/kubeconfig
@@ -15,12 +18,13 @@ NODE=fastpath-e2e
 ETCD_PORT=12379
 ETCD_PEER_PORT=12380
 API_PORT=16443
+API_HOST=10.58.0.1 # on the node network's bridge (nodes.sh), made before the API server starts
 KCM_PORT=10357
 SCHED_PORT=10359
 HEALTHZ_PORT=10348
 # The DaemonSet's --metrics-addr port, on the host network.
 METRICS_PORT=$(sed -n 's/.*--metrics-addr=.*:\([0-9]*\)$/\1/p' "$REPO/deployments/20-daemonset.yaml")
-API=https://127.0.0.1:$API_PORT
+API=https://$API_HOST:$API_PORT
 CNI_CONF=$RUN/cni/net.d
 CNI_BIN=$RUN/cni/bin
 POD_SUBNET=10.57.0.0/24
@@ -84,7 +88,7 @@ make_pki() {
 	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
 		-keyout "$PKI/ca.key" -out "$PKI/ca.crt" -subj "/CN=fastpath-e2e-ca" 2>/dev/null
 	cert apiserver kube-apiserver "" \
-		"IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" serverAuth
+		"IP:127.0.0.1,IP:$API_HOST,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" serverAuth
 	cert admin kubernetes-admin system:masters
 	cert controller-manager system:kube-controller-manager
 	cert scheduler system:kube-scheduler
@@ -110,9 +114,9 @@ start_etcd() {
 
 start_apiserver() {
 	# --endpoint-reconciler-type=none: the kubernetes Service's endpoint
-	# would be 127.0.0.1, which the API rejects; nothing here uses it.
+	# would be the API server's address; nothing here uses it.
 	start kube-apiserver "$WORK/bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-		--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+		--bind-address "$API_HOST" --advertise-address "$API_HOST" --secure-port "$API_PORT" \
 		--cert-dir "$RUN/apiserver" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
 		--client-ca-file "$PKI/ca.crt" --authorization-mode Node,RBAC \
 		--service-account-issuer https://kubernetes.default.svc.cluster.local \

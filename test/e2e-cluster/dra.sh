@@ -252,7 +252,7 @@ api_overlay() {
 	cat >>"$1/kustomization.yaml" <<EOF
   - target: {kind: DaemonSet, name: $DS}
     patch: |-
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "$API_HOST"}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}}
 EOF
 }

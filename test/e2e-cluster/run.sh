@@ -6,7 +6,9 @@
 # shipped through `kubectl apply -k`, the seed's NAD and training pod, and
 # deployments/examples/; then the DRA phase (dra.sh) with
 # deployments/components/dra, and the provisioning phase (provision.sh)
-# with deployments/components/provision. The node is the DGX H100 fixture host. See
+# with deployments/components/provision. The node is the DGX H100 fixture
+# host. Then the two-node phase (twonode.sh): two nodes made of namespaces
+# (nodes.sh) on one fabric, a training job across them. See
 # test/e2e-cluster/README.md for what it checks and why.
 #
 # Usage (root): make e2e-cluster   or   test/e2e-cluster/run.sh
@@ -21,6 +23,8 @@ source "$CLUSTER_DIR/checks.sh"
 source "$CLUSTER_DIR/dra.sh"
 source "$CLUSTER_DIR/dra-restart.sh"
 source "$CLUSTER_DIR/provision.sh"
+source "$CLUSTER_DIR/nodes.sh"
+source "$CLUSTER_DIR/twonode.sh"
 
 HOST=$RUN/host # copy of the fixture host, with real char devices
 FIXTURE=$REPO/testdata/sysfs/dgx-h100
@@ -61,7 +65,7 @@ preflight() {
 		exit 0
 	fi
 	local missing=() t
-	for t in runc ip nsenter mknod curl jq openssl mountpoint tar sha256sum dpkg-deb apt-get; do
+	for t in runc ip nsenter unshare mknod curl jq openssl mountpoint tar sha256sum dpkg-deb apt-get; do
 		command -v "$t" >/dev/null || missing+=("$t")
 	done
 	((${#missing[@]} == 0)) || die "missing tools: ${missing[*]} (Debian: apt-get install runc iproute2 util-linux curl jq openssl coreutils tar dpkg apt)"
@@ -78,6 +82,10 @@ preflight() {
 	for p in $ETCD_PORT $ETCD_PEER_PORT $API_PORT $KCM_PORT $SCHED_PORT $HEALTHZ_PORT $METRICS_PORT; do
 		if (: <"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then die "port $p is in use on 127.0.0.1"; fi
 	done
+	# The node network and the nodes' netns are the test's own.
+	[[ -z $(ip -o addr show to "$NODE_NET" 2>/dev/null) ]] || die "an address in $NODE_NET (the node network) is on this host"
+	! ip link show "$NODE_BRIDGE" >/dev/null 2>&1 || die "link $NODE_BRIDGE exists"
+	[[ -z $(node_netns) ]] || die "netns $(node_netns | xargs) exist: the two-node phase's nodes"
 }
 
 # snapshot_host records what the test may change, so that cleanup puts back
@@ -116,7 +124,7 @@ cdi_specs() {
 
 host_links() {
 	ip -o link show | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' |
-		{ grep -E "^(ibp[0-9]+s[0-9]+(v[0-9]+)?|sp[0-9]+s[0-9]+(v[0-9]+)?|$POD_BRIDGE|veth.*)\$" || true; } | sort
+		{ grep -E "^(ibp[0-9]+s[0-9]+(v[0-9]+)?|sp[0-9]+s[0-9]+(v[0-9]+)?|$POD_BRIDGE|veth.*|fpn-.*)\$" || true; } | sort
 }
 host_mounts() { awk -v w="$WORK/" -v k="$K" 'index($5, w) == 1 || $5 == k || index($5, k "/") == 1 { print $5 }' /proc/self/mountinfo | sort; }
 # cni_cache lists libcni's result cache, where containerd keeps each
@@ -187,6 +195,10 @@ wait_names_free() {
 cleanup() {
 	set +e
 	# 1. Let the cluster stop the pods, so that containerd runs CNI DEL.
+	if running kube-apiserver && { running kubelet-a || running kubelet-b; }; then
+		nodes_delete_pods
+	fi
+	nodes_cleanup
 	if running kube-apiserver && running kubelet; then
 		kubectl delete pods --all -n default --wait=false >/dev/null 2>&1
 		kubectl delete -k "$RUN/deploy" --wait=false >/dev/null 2>&1
@@ -229,6 +241,7 @@ check_restored() {
 	check "no process of the run left" test -z "$left"
 	same "links named as stand-ins, the pod bridge or veths as before" "$before/links" host_links
 	same "pod netns (cni-*) as before" "$before/netns" host_netns
+	same "no netns of the two-node phase (fpn-*) left" /dev/null node_netns
 	same "no mounts left under $WORK or $K" /dev/null host_mounts
 	same "cgroups (kubepods) as before" "$before/cgroups" host_cgroups
 	same "${HOST_PATHS[*]}: as before" "$before/paths" host_paths
@@ -255,6 +268,18 @@ main() {
 	trap on_exit EXIT
 	trap 'exit 130' INT TERM
 	snapshot_host
+	node_network_up
+	if [[ ${E2E_CLUSTER_PHASES:-all} == nodes ]]; then
+		# Development: the two-node phase alone (no one-node phases).
+		make_pki
+		start_etcd
+		start_apiserver
+		start_controllers
+		setup_cni_identities
+		test_two_nodes
+		log "test steps done in $(elapsed "$t0")s"
+		return
+	fi
 	setup_host
 	make_pki
 	start_etcd
@@ -274,6 +299,7 @@ main() {
 	test_delete
 	test_dra
 	test_provision
+	test_two_nodes
 	log "test steps done in $(elapsed "$t0")s"
 }
 

@@ -278,7 +278,9 @@ EOF
 	# how our sriov plugin reads the fixture's sysfs instead of the host's
 	# (FASTPATH_HOST_ROOT, the one knob the node side needs). It finds
 	# containerd-shim-runc-v2 through PATH.
-	start containerd env PATH="$WORK/bin:$PATH" FASTPATH_HOST_ROOT="$HOST" \
+	# make e2e-cluster's namespaced nodes name their own process
+	# (CTRD_PROC) and start it inside the node (NODE_EXEC, nsenter).
+	start "${CTRD_PROC:-containerd}" ${NODE_EXEC[@]+"${NODE_EXEC[@]}"} env PATH="$WORK/bin:$PATH" FASTPATH_HOST_ROOT="$HOST" \
 		"$WORK/bin/containerd" --config "$C/config.toml" --log-level info
 	require "containerd answers on its socket" 30 ctr version
 }
