@@ -1,9 +1,10 @@
 // Package sysfs reads sysfs attributes, links and directories relative to
-// an open directory, with as few system calls and allocations as the
-// kernel allows: a scan of a 1024-VF host makes about ten thousand of
-// them, and on a VM each path walk from / costs more than the read itself.
+// an open directory: a scan of a 1024-VF host makes about ten thousand
+// reads, and on a VM each path walk from / costs more than the read
+// itself.
 //
-// sysfs_linux.go is that implementation. On other systems (and on Linux
+// sysfs_linux.go is that implementation, through golang.org/x/sys/unix's
+// *at calls and os listings. On other systems (and on Linux
 // with the build tag fastpath_portable, which is how it is tested) Dir
 // reads through the os package by full path instead: slower, the same
 // results, so that a copied sysfs tree can be read on a laptop.
@@ -12,6 +13,7 @@ package sysfs
 import (
 	"bytes"
 	"path/filepath"
+	"slices"
 )
 
 // Dir is an open directory (O_PATH) that names below it are resolved
@@ -122,7 +124,7 @@ func (l *Listing) List(d Dir, name string) ([]string, error) {
 	if !same || !sortedOK {
 		clear(l.sorted)
 		l.sorted = append(l.sorted[:0], raw...)
-		sortNames(l.sorted)
+		slices.Sort(l.sorted)
 	}
 	l.sortedOK = true
 	return l.sorted, nil
@@ -159,9 +161,9 @@ type reuse struct {
 
 // take returns prev's string for name, if it has it where expected (next,
 // or just after: one name removed).
-func (r *reuse) take(name []byte) (string, bool) {
+func (r *reuse) take(name string) (string, bool) {
 	for k := r.next; k < len(r.prev) && k <= r.next+1; k++ {
-		if r.prev[k] == string(name) {
+		if r.prev[k] == name {
 			r.same = r.same && k == r.next
 			r.next = k + 1
 			return r.prev[k], true

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -115,7 +116,7 @@ func (d Dir) List(name string) ([]string, error) {
 	if err != nil || len(names) == 0 {
 		return nil, err
 	}
-	sortNames(names)
+	slices.Sort(names)
 	return names, nil
 }
 
@@ -141,7 +142,7 @@ func (d Dir) listRaw(name string, dst, prev []string) ([]string, bool, error) {
 	}
 	r := reuse{prev: prev, same: true}
 	for _, n := range names {
-		if s, ok := r.take([]byte(n)); ok {
+		if s, ok := r.take(n); ok {
 			n = s
 		}
 		dst = append(dst, n)
