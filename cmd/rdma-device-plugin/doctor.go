@@ -48,7 +48,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlagSet("doctor", doctorUsage, stderr)
 	defRoot := defaultHostRoot()
 	hostRoot := fs.String("host-root", defRoot, "directory that stands for / on the node (sysfs at DIR/sys, devices at DIR/dev); default $FASTPATH_HOST_ROOT or /")
-	configPath := fs.String("config", defaultConfig, "pool config file; when the default is missing, the checks cover every Mellanox function")
+	configPath := fs.String("config", defaultConfig, "pool config file; when the default is missing, the checks cover every function with an RDMA device")
 	kubeletDir := fs.String("kubelet-dir", defaultKubeletDir, "the kubelet's device plugin directory (empty: skip the kubelet checks)")
 	// The plugin's container has the node's CNI bin_dir under
 	// FASTPATH_HOST_ROOT too (not its conf_dir: that holds Multus's
