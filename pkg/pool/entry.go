@@ -247,7 +247,7 @@ func parseExclusiveFields(e *value, f map[string]*value, r Resource, cfg *Config
 			return r, err
 		}
 		if sel.empty() {
-			return r, fmt.Errorf("%s: empty selector would take every Mellanox function; name at least one of %s", sv.name(), strings.Join(exclusiveSel, ", "))
+			return r, fmt.Errorf("%s: empty selector would take every NIC function of the node; name at least one of %s", sv.name(), strings.Join(exclusiveSel, ", "))
 		}
 		r.Selectors = append(r.Selectors, sel)
 	}
