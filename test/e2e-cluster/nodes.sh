@@ -106,7 +106,8 @@ node_up() {
 	# The kubelet's pods go under a cgroup root of the node's own (it must be
 	# there before the kubelet starts).
 	for p in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-		[[ -f $p/cgroup.procs ]] && mkdir -p "$p/fastpath-e2e-$n"
+		# Each hierarchy's root (v1: one a controller; v2: /sys/fs/cgroup).
+		if [[ -f $p/cgroup.procs ]] && mountpoint -q "$p"; then mkdir -p "$p/fastpath-e2e-$n"; fi
 	done
 	if [[ -f /sys/fs/cgroup/cpuset/cpuset.cpus ]]; then
 		# cgroup v1's cpuset starts empty: the root's CPUs and memory nodes.
@@ -192,9 +193,6 @@ EOF
 	require "node $n: kubelet /healthz$label" 90 node_exec "$n" curl -sf "http://127.0.0.1:$HEALTHZ_PORT/healthz"
 	require "node $name Ready$label" 120 kubectl wait --for condition=Ready --timeout 1s "node/$name"
 }
-
-# node_stop_kubelet N stops node N's kubelet.
-node_stop_kubelet() { stop "kubelet-$1"; }
 
 # fabric_up makes the fabric: a netns with one bridge.
 fabric_up() {

@@ -79,10 +79,11 @@ tn_numvfs() {
 	done
 }
 
-# tn_pod_yaml NAME [VFS] [NODE] [NETWORK] prints a training pod: the
-# workload image, VFS VFs of $RESOURCE (none: no VF), on NODE when given
-# (the scheduler still places it), with the seed's NAD when NETWORK is
-# "net". Its command says whether net1 was up when it started.
+# tn_pod_json NAME [VFS] [NODE] [NETWORK] [LABELS] prints a training pod:
+# the workload image, VFS VFs of $RESOURCE (none: no VF), on NODE when
+# given (a nodeSelector: the scheduler still places it), with the seed's
+# NAD when NETWORK is "net". Its command says whether net1 was up when it
+# started, and it exits on SIGTERM (deleting it takes no grace period).
 tn_pod_json() {
 	local name=$1 vfs=${2:-0} node=${3:-} net=${4:-} labels=${5:-'{}'}
 	jq -n --arg name "$name" --arg img "$WORKLOAD_IMAGE" --arg res "$RESOURCE" --argjson vfs "$vfs" \
@@ -377,29 +378,32 @@ tn_capacity() {
 
 # ------------------------------------------------------------ faults
 
-# tn_state N: the job pod's PID and VF on node N, and the other node's
-# allocatable, to compare across a fault on the other node.
+# tn_pod_state N: the job pod's PID and VF on node N, to compare across a
+# fault.
 tn_pod_state() { echo "pid=$(tn_task "$1" default "$(eval echo "\$TN_POD_$1")" train 2) vf=$(node_podres "$1" list --pod "default/$(eval echo "\$TN_POD_$1")" --resource "$RESOURCE" | cut -f4)"; }
 
 tn_pod_state_is() { [[ $(tn_pod_state "$1") == "$(<"$2")" ]]; }
 
-# tn_watch_alloc N WANT FILE: samples node N's allocatable every 0.5 s
-# into FILE until $FILE.stop appears (a background job).
+# tn_watch_alloc N FILE: samples node N's allocatable every 0.5 s into
+# FILE until FILE.stop appears (a background job); a failed read is no
+# sample.
 tn_watch_alloc() {
-	: >"$3"
-	while [[ ! -e $3.stop ]]; do
-		tn_alloc "$1" >>"$3"
+	local v
+	: >"$2"
+	while [[ ! -e $2.stop ]]; do
+		v=$(tn_alloc "$1") && [[ -n $v ]] && echo "$v" >>"$2"
 		sleep 0.5
 	done
+	return 0
 }
 tn_sampled_only() { [[ $(sort -u "$2" | xargs) == "$1" ]]; }
 
-# tn_fault NAME OTHER: starts sampling node OTHER's allocatable and keeps
-# its pod's state; tn_fault_end checks them.
+# tn_fault_begin OTHER starts sampling node OTHER's allocatable and keeps
+# its job pod's state; tn_fault_end WHAT checks both, and the traffic.
 tn_fault_begin() {
 	TN_OTHER=$1 TN_OTHER_ALLOC=$(tn_alloc "$1") TN_OTHER_STATE=$(tn_pod_state "$1")
 	rm -f "$RUN/alloc-$1" "$RUN/alloc-$1.stop"
-	tn_watch_alloc "$1" "$TN_OTHER_ALLOC" "$RUN/alloc-$1" &
+	tn_watch_alloc "$1" "$RUN/alloc-$1" &
 	TN_WATCH=$!
 }
 tn_fault_end() {
@@ -417,7 +421,7 @@ tn_kubelet_restart_b() {
 	regs=$(tn_registrations b)
 	before_b=$(tn_pod_state b)
 	tn_fault_begin a
-	node_stop_kubelet b
+	stop kubelet-b
 	node_kubelet b " (after restart)"
 	check "node B's plugin registered again after its kubelet restart" wait_for 60 "registered again" tn_registered_above b "$regs"
 	check "node B's allocatable back to 8" wait_for 30 "allocatable" tn_alloc_is b 8
