@@ -19,17 +19,38 @@ import (
 // The real-kernel side of the journal: DEL finds the VF's netdev wherever a
 // kill or the pod left it, and ADD killed at any step boundary is undone.
 
+// vfCase is what each test here builds before its ADD: the roce-cx6dx host
+// (newEnv), a stand-in for the VF's netdev and a pod netns.
+type vfCase struct {
+	*env
+	vf    string       // the VF's PCI address
+	orig  netlink.Link // its stand-in netdev as ADD finds it
+	podNS string
+}
+
+func newVFCase(t *testing.T, netdev, vf string) *vfCase {
+	e := newEnv(t, "roce-cx6dx")
+	return &vfCase{env: e, vf: vf, orig: e.standIn(netdev), podNS: e.pod()}
+}
+
+// vfConf is a conf that attaches the VF by its deviceID, with extra JSON
+// members after it.
+func (c *vfCase) vfConf(extra string) string {
+	if extra != "" {
+		extra = "," + extra
+	}
+	return c.conf(`"deviceID":"` + c.vf + `"` + extra)
+}
+
 // A kill at every step boundary of an ADD that moves the netdev and its
 // RDMA device: the runtime's DEL leaves the host as it was.
 func TestKillAtEveryAddStepMovesBack(t *testing.T) {
 	points := []string{"add:locked", "add:journal", "add:vf:vlan", "add:vf:mac", "add:link", "add:rdma", "add:ipam", "add:devinfo", "add:added"}
 	for _, point := range points {
 		t.Run(point, func(t *testing.T) {
-			e := newEnv(t, "roce-cx6dx")
-			orig := e.standIn("ens1f0v0")
-			podNS := e.pod()
+			e := newVFCase(t, "ens1f0v0", "0000:3b:00.2")
 			devinfo := filepath.Join(e.stateDir, "..", "devinfo", "c1.json")
-			conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"02:fa:57:00:00:01","mtu":4000,` +
+			conf := e.vfConf(`"vlan":100,"mac":"02:fa:57:00:00:01","mtu":4000,` +
 				`"runtimeConfig":{"CNIDeviceInfoFile":"` + devinfo + `"},` + e.hostLocal("10.86.0.0/24", ""))
 			hit := false
 			e.p.failpoint = func(at string) {
@@ -38,12 +59,12 @@ func TestKillAtEveryAddStepMovesBack(t *testing.T) {
 					panic(killed{at})
 				}
 			}
-			_, err := run(func() error { _, err := e.add(conf, podNS, "c1", "net1"); return err })
+			_, err := run(func() error { _, err := e.add(conf, e.podNS, "c1", "net1"); return err })
 			require.NoError(t, err)
 			require.True(t, hit, "reached %s", point)
 			e.p.failpoint = nil
-			require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-			e.requireRestored(orig, "0000:3b:00.2")
+			require.NoError(t, e.del(conf, e.podNS, "c1", "net1"))
+			e.requireRestored(e.orig, e.vf)
 			require.Equal(t, sriovtest.Unconfigured, e.pf.Get("ens1f0np0", 0))
 			require.True(t, e.rdma.InHost("mlx5_2"))
 			require.Empty(t, e.ipamLeases())
@@ -65,20 +86,18 @@ func TestDelFindsNetdevInTemporaryNetns(t *testing.T) {
 }
 
 func delFromTemporaryNetns(t *testing.T, renamed bool) {
-	e := newEnv(t, "roce-cx6dx")
-	orig := e.standIn("ens1f0v1")
-	podNS := e.pod()
-	conf := e.conf(`"deviceID":"0000:3b:00.3","mtu":4000`)
+	e := newVFCase(t, "ens1f0v1", "0000:3b:00.3")
+	conf := e.vfConf(`"mtu":4000`)
 	e.p.failpoint = func(at string) {
 		if at == "add:rdma" {
 			panic(killed{at})
 		}
 	}
-	_, err := run(func() error { _, err := e.add(conf, podNS, "c1", "net1"); return err })
+	_, err := run(func() error { _, err := e.add(conf, e.podNS, "c1", "net1"); return err })
 	require.NoError(t, err)
 	e.p.failpoint = nil
 	// Put the netdev where a kill inside the move leaves it.
-	pod := mustOpen(t, podNS)
+	pod := mustOpen(t, e.podNS)
 	via, err := netns.Pin(filepath.Join(e.stateDir, "0000:3b:00.3.netns"))
 	require.NoError(t, err)
 	l, err := pod.Handle().LinkByName("net1")
@@ -91,39 +110,35 @@ func delFromTemporaryNetns(t *testing.T, renamed bool) {
 	}
 	via.Close()
 
-	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-	e.requireRestored(orig, "0000:3b:00.3")
+	require.NoError(t, e.del(conf, e.podNS, "c1", "net1"))
+	e.requireRestored(e.orig, e.vf)
 	require.Empty(t, ls(t, e.stateDir), "the pinned netns is gone")
 }
 
 // The pod renamed the VF's netdev: DEL finds it by the alias ADD set.
 func TestDelFindsRenamedNetdevInPod(t *testing.T) {
-	e := newEnv(t, "roce-cx6dx")
-	orig := e.standIn("ens1f0v2")
-	podNS := e.pod()
-	conf := e.conf(`"deviceID":"0000:3b:00.4"`)
-	_, err := e.add(conf, podNS, "c1", "net1")
+	e := newVFCase(t, "ens1f0v2", "0000:3b:00.4")
+	conf := e.vfConf("")
+	_, err := e.add(conf, e.podNS, "c1", "net1")
 	require.NoError(t, err)
-	pod := mustOpen(t, podNS)
+	pod := mustOpen(t, e.podNS)
 	l, err := pod.Handle().LinkByName("net1")
 	require.NoError(t, err)
 	require.NoError(t, pod.Handle().LinkSetDown(l))
 	require.NoError(t, pod.Handle().LinkSetName(l, "rail0"))
-	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-	e.requireRestored(orig, "0000:3b:00.4")
+	require.NoError(t, e.del(conf, e.podNS, "c1", "net1"))
+	e.requireRestored(e.orig, e.vf)
 }
 
 // The pod netns died and the kernel returned the VF to the host under a
 // name of its own (dev<ifindex>, when its pod name was taken): DEL finds
 // it by the alias ADD set.
 func TestDelFindsReturnedNetdevByAlias(t *testing.T) {
-	e := newEnv(t, "roce-cx6dx")
-	orig := e.standIn("ens1f0v3")
-	podNS := e.pod()
-	conf := e.conf(`"deviceID":"0000:3b:00.5"`)
-	_, err := e.add(conf, podNS, "c1", "net1")
+	e := newVFCase(t, "ens1f0v3", "0000:3b:00.5")
+	conf := e.vfConf("")
+	_, err := e.add(conf, e.podNS, "c1", "net1")
 	require.NoError(t, err)
-	pod := mustOpen(t, podNS)
+	pod := mustOpen(t, e.podNS)
 	host, err := netns.Current()
 	require.NoError(t, err)
 	defer host.Close()
@@ -134,28 +149,26 @@ func TestDelFindsReturnedNetdevByAlias(t *testing.T) {
 	e.rdma.where = map[string]string{}
 	_, err = netlink.LinkByName("dev4242")
 	require.NoError(t, err)
-	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-	e.requireRestored(orig, "0000:3b:00.5")
+	require.NoError(t, e.del(conf, e.podNS, "c1", "net1"))
+	e.requireRestored(e.orig, e.vf)
 }
 
 // A state file destroyed while the VF is in the pod: DEL sets it aside and
 // brings the netdev back by what sysfs and the pod say (its name from the
 // alias); what only the state knew (MTU before ADD) stays as it is.
 func TestDelRecoversNetdevWithoutState(t *testing.T) {
-	e := newEnv(t, "roce-cx6dx")
-	e.standIn("ens1f1v0")
-	podNS := e.pod()
-	conf := e.conf(`"deviceID":"0000:3b:01.2",` + e.hostLocal("10.87.0.0/24", ""))
-	_, err := e.add(conf, podNS, "c1", "net1")
+	e := newVFCase(t, "ens1f1v0", "0000:3b:01.2")
+	conf := e.vfConf(e.hostLocal("10.87.0.0/24", ""))
+	_, err := e.add(conf, e.podNS, "c1", "net1")
 	require.NoError(t, err)
 	require.Len(t, e.ipamLeases(), 1)
 	require.NoError(t, os.WriteFile(filepath.Join(e.stateDir, "0000:3b:01.2.json"), []byte(`{"version":2,"phase":`), 0o600))
 
-	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	require.NoError(t, e.del(conf, e.podNS, "c1", "net1"))
 	l, err := netlink.LinkByName("ens1f1v0")
 	require.NoError(t, err, "back on the host under its own name")
 	require.Empty(t, l.Attrs().Alias)
-	_, err = linkIn(t, podNS, "net1")
+	_, err = linkIn(t, e.podNS, "net1")
 	require.Error(t, err)
 	require.True(t, e.rdma.InHost("mlx5_6"))
 	require.Empty(t, e.ipamLeases())
@@ -177,19 +190,17 @@ func TestHostNetnsRefusedWithNetdev(t *testing.T) {
 // brings it home under the name it had in the pod, with a warning naming
 // both, rather than failing until it gives up with the VF in the pod.
 func TestDelHostNameTakenMeanwhile(t *testing.T) {
-	e := newEnv(t, "roce-cx6dx")
-	orig := e.standIn("ens1f1v2")
-	podNS := e.pod()
-	conf := e.conf(`"deviceID":"0000:3b:01.4"`)
-	_, err := e.add(conf, podNS, "c1", "net1")
+	e := newVFCase(t, "ens1f1v2", "0000:3b:01.4")
+	conf := e.vfConf("")
+	_, err := e.add(conf, e.podNS, "c1", "net1")
 	require.NoError(t, err)
 	e.standIn("ens1f1v2") // another link takes the name meanwhile
 
-	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
-	l, err := netlink.LinkByIndex(orig.Attrs().Index)
+	require.NoError(t, e.del(conf, e.podNS, "c1", "net1"))
+	l, err := netlink.LinkByIndex(e.orig.Attrs().Index)
 	require.NoError(t, err, "VF netdev on the host")
 	require.Equal(t, "net1", l.Attrs().Name)
-	require.Equal(t, orig.Attrs().HardwareAddr.String(), l.Attrs().HardwareAddr.String())
+	require.Equal(t, e.orig.Attrs().HardwareAddr.String(), l.Attrs().HardwareAddr.String())
 	require.Empty(t, ls(t, e.stateDir), "state, lock and pinned netns gone")
 	log := e.log.String()
 	require.Contains(t, log, "original name is taken")
@@ -279,20 +290,18 @@ func TestMACsComeBackOnIgbvfAndMlx5(t *testing.T) {
 		for _, pfMAC := range []string{"none", "the VF's"} {
 			for _, p := range paths {
 				t.Run(driver+"/PF MAC "+pfMAC+"/"+p.name, func(t *testing.T) {
-					e := newEnv(t, "roce-cx6dx")
+					e := newVFCase(t, "ens1f0v0", "0000:3b:00.2")
 					if driver == "mlx5" {
 						e.p.VFDriver = nil
 					}
-					orig := e.standIn("ens1f0v0")
 					before := sriovtest.Unconfigured
 					if pfMAC != "none" {
-						before.MAC = orig.Attrs().HardwareAddr.String()
+						before.MAC = e.orig.Attrs().HardwareAddr.String()
 						e.pf.Set("ens1f0np0", 0, before)
 					}
-					podNS := e.pod()
-					conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"` + podMAC + `",` + e.hostLocal("10.88.0.0/24", ""))
-					p.run(t, e, conf, podNS)
-					e.requireRestored(orig, "0000:3b:00.2")
+					conf := e.vfConf(`"vlan":100,"mac":"` + podMAC + `",` + e.hostLocal("10.88.0.0/24", ""))
+					p.run(t, e.env, conf, e.podNS)
+					e.requireRestored(e.orig, e.vf)
 					require.Equal(t, before, e.pf.Get("ens1f0np0", 0))
 					require.True(t, e.rdma.InHost("mlx5_2"))
 					require.Empty(t, e.ipamLeases())
