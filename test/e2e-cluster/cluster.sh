@@ -220,6 +220,8 @@ EOF
 # start_kubelet [LABEL]: the kubelet registers the Node with the API server.
 start_kubelet() {
 	local label=${1:-}
+	mkdir -p "$K"
+	shared_root "$K"
 	start kubelet "$WORK/bin/kubelet" --config "$RUN/kubelet/config.yaml" --kubeconfig "$KCFG/kubelet.kubeconfig" \
 		--root-dir "$K" --cert-dir "$RUN/kubelet/pki" --hostname-override "$NODE" --v=2
 	require "kubelet /healthz$label" 90 curl -sf "http://127.0.0.1:$HEALTHZ_PORT/healthz"

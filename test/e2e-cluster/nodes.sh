@@ -187,6 +187,7 @@ cgroupRoot: /fastpath-e2e-$n
 EOF
 		} >"$d/kubelet/config.yaml"
 	fi
+	shared_root /var/lib/kubelet nsenter -t "$(node_init "$n")" -m --
 	start "kubelet-$n" nsenter -t "$(node_init "$n")" -m -n -- "$WORK/bin/kubelet" --config "$d/kubelet/config.yaml" \
 		--kubeconfig "$KCFG/kubelet-$n.kubeconfig" --root-dir /var/lib/kubelet --cert-dir "$d/kubelet/pki" \
 		--hostname-override "$name" --node-ip "$(node_ip "$n")" --v=2

@@ -53,6 +53,23 @@ wait_for() {
 	done
 }
 
+# shared_root DIR [PREFIX...] makes DIR, the kubelet's root dir, a mount
+# point with shared propagation before the kubelet starts, as it is on a
+# node whose / is shared (systemd's default); PREFIX runs the commands
+# elsewhere (nsenter into a node's mount namespace). On a private mount the
+# kubelet bind-mounts its root onto itself at start (MakeRShared, called
+# from initializeModules) while another goroutine creates the pods API
+# socket inside it: the socket's rename then crosses the new mount, fails
+# with EXDEV, and the kubelet exits ("Failed to create listener for pods API
+# endpoint", os.Exit(1) in pkg/kubelet/server ListenAndServePodsServer,
+# v1.37.2). Seen once in a CI run of make e2e under load. The cleanup
+# unmounts it with the kubelet's other mounts.
+shared_root() {
+	local dir=$1
+	shift
+	"$@" sh -ec "mountpoint -q '$dir' || mount --bind '$dir' '$dir'; mount --make-rshared '$dir'"
+}
+
 # start NAME CMD... starts CMD in the background with its output in
 # $RUN/logs/NAME.log and records its PID in $RUN/pids/NAME, so that cleanup
 # can stop exactly this process and nothing else.

@@ -208,6 +208,7 @@ EOF
 start_kubelet() {
 	local label=${1:-}
 	mkdir -p "$DP_DIR"
+	shared_root "$K/root"
 	start kubelet "$WORK/bin/kubelet" --config "$K/config.yaml" --root-dir "$K/root" \
 		--cert-dir "$K/pki" --hostname-override "$NODE" --v=2
 	require "kubelet /healthz$label" 90 curl -sf "http://127.0.0.1:$HEALTHZ_PORT/healthz"
