@@ -43,19 +43,42 @@ func FamilyOf(driver string) (Family, bool) {
 	return Family{}, false
 }
 
-// RDMAHint is what to check when a function of driver has no RDMA
-// device: the module to load, or that the family has none.
+// RDMAHint is what to check when a function bound to driver has no RDMA
+// device: the module to load, or why the kernel gives it none. A driver
+// that is a family's VF driver alone (iavf, igbvf) is taken as a VF's.
 func RDMAHint(driver string) string {
 	f, ok := FamilyOf(driver)
-	switch {
-	case !ok:
+	if !ok {
 		return "is its vendor's RDMA driver loaded?"
-	case f.RDMADriver == "":
-		return f.Name + " functions (" + driver + ") have no RDMA in the kernel"
-	case driver == f.VFDriver && driver != f.PFDriver && !f.VFRDMA:
-		return f.RDMADriver + " gives RDMA devices to " + f.PFDriver + " PFs only, not to " + driver + " VFs"
 	}
-	return "is " + f.RDMADriver + " loaded?"
+	return f.RDMAHint(driver == f.VFDriver && driver != f.PFDriver)
+}
+
+// RDMAHint is what to check when a PF (vf false) or VF of f has no RDMA
+// device: the module to load, or why the kernel gives it none.
+func (f Family) RDMAHint(vf bool) string {
+	if f.HasRDMA(vf) {
+		return "is " + f.RDMADriver + " loaded?"
+	}
+	return f.NoRDMAReason()
+}
+
+// NoRDMAReason says why the kernel gives no RDMA device to f's functions
+// (all of them, or its VFs, where HasRDMA says so).
+func (f Family) NoRDMAReason() string {
+	if f.RDMADriver == "" {
+		return f.Name + " functions (" + f.Drivers() + ") have no RDMA in the kernel"
+	}
+	return f.RDMADriver + " gives RDMA devices to " + f.PFDriver + " PFs only, not to their VFs (" + f.VFDriver + ")"
+}
+
+// Drivers are f's PCI drivers as a user knows them: "igb, igbvf",
+// "bnxt_en".
+func (f Family) Drivers() string {
+	if f.VFDriver == f.PFDriver {
+		return f.PFDriver
+	}
+	return f.PFDriver + ", " + f.VFDriver
 }
 
 // HasRDMA reports whether the kernel gives a function of the family an

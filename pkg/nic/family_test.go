@@ -36,3 +36,21 @@ func TestFamilyHasRDMA(t *testing.T) {
 		require.False(t, ok, driver)
 	}
 }
+
+// RDMAHint names the module to load where the kernel gives the function
+// an RDMA device, and why not where it gives none; a driver that is only a
+// family's VF driver is taken as a VF's.
+func TestRDMAHint(t *testing.T) {
+	for driver, want := range map[string]string{
+		"mlx5_core": "is mlx5_ib loaded?",
+		"bnxt_en":   "is bnxt_re loaded?",
+		"ice":       "is irdma loaded?",
+		"iavf":      "irdma gives RDMA devices to ice PFs only, not to their VFs (iavf)",
+		"igb":       "Intel 82576/I350 functions (igb, igbvf) have no RDMA in the kernel",
+		"igbvf":     "Intel 82576/I350 functions (igb, igbvf) have no RDMA in the kernel",
+		"foo":       "is its vendor's RDMA driver loaded?",
+		"vfio-pci":  "is its vendor's RDMA driver loaded?",
+	} {
+		require.Equal(t, want, RDMAHint(driver), driver)
+	}
+}

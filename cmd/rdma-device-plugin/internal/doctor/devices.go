@@ -97,7 +97,7 @@ func (h *host) modules() []module {
 			ev = "module/" + f.RDMADriver
 		}
 		out = append(out, module{f.RDMADriver, Fail, ev,
-			fmt.Sprintf("no RDMA devices on the %s functions (%s): NCCL logs \"NET/IB : No device found\" and uses sockets", f.Name, familyDrivers(f))})
+			fmt.Sprintf("no RDMA devices on the %s functions (%s): NCCL logs \"NET/IB : No device found\" and uses sockets", f.Name, f.Drivers())})
 	}
 	if h.rdmaCore {
 		out = append(out, coreModules...)

@@ -57,34 +57,14 @@ func (h *host) mayHaveRDMA(d *nic.Device) bool {
 	return !ok || f.HasRDMA(d.IsVF())
 }
 
-// familyDrivers are a family's PCI drivers as a user knows them: "igb,
-// igbvf", "bnxt_en".
-func familyDrivers(f nic.Family) string {
-	if f.VFDriver == f.PFDriver {
-		return f.PFDriver
-	}
-	return f.PFDriver + ", " + f.VFDriver
-}
-
 // rdmaHint is what to check when d has no RDMA device: which module to
 // load, or that the kernel gives it none.
 func (h *host) rdmaHint(d *nic.Device) string {
 	f, ok := h.familyOf(d)
-	switch {
-	case !ok:
+	if !ok {
 		return "is its vendor's RDMA driver loaded?"
-	case !f.HasRDMA(d.IsVF()):
-		return neverWhy(f, d.IsVF())
 	}
-	return "is " + f.RDMADriver + " loaded?"
-}
-
-// neverWhy says why the kernel gives no RDMA device to a PF or VF of f.
-func neverWhy(f nic.Family, vf bool) string {
-	if f.RDMADriver == "" {
-		return f.Name + " functions (" + familyDrivers(f) + ") have no RDMA in the kernel"
-	}
-	return f.RDMADriver + " gives RDMA devices to " + f.PFDriver + " PFs only, not to their VFs (" + f.VFDriver + ")"
+	return f.RDMAHint(d.IsVF())
 }
 
 // rdmaOffHint is what to look at when d's RDMA driver is loaded and d
@@ -213,7 +193,7 @@ func (h *host) checkNeverRDMA(p *pool.Pool) {
 		}
 		h.addf("pool", st, p.ResourceName(), fix,
 			"%s %s, but %s it selects (%s) can never have one: %s — the pool can never be served on this NIC",
-			p.ResourceName(), asks, plural(len(n.addrs), one, many), list(n.addrs, 4), neverWhy(n.family, n.vf))
+			p.ResourceName(), asks, plural(len(n.addrs), one, many), list(n.addrs, 4), n.family.NoRDMAReason())
 	}
 }
 
@@ -270,7 +250,7 @@ func (h *host) noRDMAFamilies() []string {
 	for i := range h.snap.Devices {
 		f, ok := h.familyOf(&h.snap.Devices[i])
 		if ok && f.RDMADriver == "" {
-			if s := f.Name + " (" + familyDrivers(f) + ")"; !slices.Contains(out, s) {
+			if s := f.Name + " (" + f.Drivers() + ")"; !slices.Contains(out, s) {
 				out = append(out, s)
 			}
 		}
