@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-kernel image-tar fixtures clean soak fuzz
+.PHONY: all build cross portable test test-short lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-kernel bench-cni-kernel image-tar fixtures clean soak fuzz
 
 all: lint build test
 
@@ -95,6 +95,12 @@ e2e-cluster:
 # in .e2e-work/kernel (WORK=DIR: DIR/kernel). See test/e2e-kernel/README.md.
 e2e-kernel:
 	test/e2e-kernel/run.sh
+
+# Builds of the sriov CNI side by side in that guest: ADD, DEL and VERSION
+# p50 / p90 (BASE=REV adds a git revision's build, UPSTREAM=FILE another
+# binary). Not part of make test or CI.
+bench-cni-kernel:
+	test/e2e-kernel/bench-cni.sh
 
 # The fastpath image without a Docker engine: bin/fastpath-image.tar, for
 # docker load, podman load or ctr -n k8s.io images import. IMAGE= names it.

@@ -13,6 +13,7 @@
 #
 # Usage: test/e2e-kernel/run.sh   (as root; WORK, KERNEL_ABI, KERNEL_PKG_VERSION,
 #                                  QEMU_TIMEOUT, E2E_KERNEL_CHECKS override the defaults;
+#                                  E2E_KERNEL_BENCH_BINS and _ROUNDS are bench-cni.sh's;
 #                                  E2E_KERNEL_SRC builds the binaries from another checkout)
 set -euo pipefail
 
@@ -193,6 +194,12 @@ make_initramfs() {
 	install -m 0755 "$bin/sriov-cni" "$ROOT/opt/cni/bin/sriov"
 	install -m 0755 "$bin/static" "$bin/host-local" "$ROOT/opt/cni/bin/"
 	install -m 0755 "$DIR/init" "$ROOT/init"
+	# CNI builds for the guest's bench/ checks (bench-cni.sh): NAME=PATH ...
+	local b
+	for b in ${E2E_KERNEL_BENCH_BINS:-}; do
+		[[ $b == *=* && -f ${b#*=} ]] || die "E2E_KERNEL_BENCH_BINS: $b is not NAME=FILE"
+		install -D -m 0755 "${b#*=}" "$ROOT/opt/cni/bench/${b%%=*}"
+	done
 	local m mods=$ROOT/lib/modules/$KERNEL_ABI
 	mkdir -p "$mods"
 	for m in $(module_paths); do
@@ -241,7 +248,7 @@ qemu=(
 	-machine q35,kernel-irqchip=split -device intel-iommu,intremap=on
 	-nographic -no-reboot -serial stdio -monitor none
 	-kernel "$KDIR/boot/vmlinuz-$KERNEL_ABI" -initrd "$CACHE/initramfs.cpio"
-	-append "console=ttyS0 panic=-1 intel_iommu=on loglevel=4 e2e_checks=${E2E_KERNEL_CHECKS:-}"
+	-append "console=ttyS0 panic=-1 intel_iommu=on loglevel=4 e2e_checks=${E2E_KERNEL_CHECKS:-} E2E_KERNEL_BENCH_ROUNDS=${E2E_KERNEL_BENCH_ROUNDS:-25}"
 	-netdev hubport,id=wire0,hubid=0 -netdev hubport,id=wire1,hubid=0 -netdev user,id=node,ipv6=on
 	-device pcie-root-port,id=rp1,chassis=1,slot=1 -device igb,netdev=wire0,bus=rp1,mac=52:54:00:e2:00:01
 	-device pcie-root-port,id=rp2,chassis=2,slot=2 -device igb,netdev=wire1,bus=rp2,mac=52:54:00:e2:00:02

@@ -46,7 +46,7 @@ type guest struct {
 
 func main() {
 	out := flag.String("out", "", "the raw disk to write the capture tar to (the guest's /dev/vda)")
-	only := flag.String("checks", "", "a regular expression: run only the checks it matches (and the setup)")
+	only := flag.String("checks", "", "a regular expression: run only the checks it matches (and the setup); bench/ checks run only when it names them")
 	flag.Parse()
 	if os.Getpid() != 1 && os.Getenv("E2E_KERNEL_GUEST") == "" {
 		if b, _ := os.ReadFile("/proc/cmdline"); !bytes.Contains(b, []byte("e2e_checks=")) {
@@ -70,6 +70,9 @@ func main() {
 		setup := strings.HasPrefix(c.name, "setup/") || strings.HasPrefix(c.name, "capture/")
 		if re != nil && !setup && !re.MatchString(c.name) {
 			continue
+		}
+		if strings.HasPrefix(c.name, "bench/") && re == nil {
+			continue // benchmarks run only when -checks names them
 		}
 		t := time.Now()
 		err := runCheck(g, c)
@@ -118,7 +121,8 @@ func checks() []check {
 	cs = append(cs, serveChecks()...)
 	cs = append(cs, cniChecks()...)
 	cs = append(cs, rdmaChecks()...)
-	cs = append(cs, captureChecks()...)
+	cs = append(cs, benchChecks()...)
+	cs = append(cs, captureChecks()...) // last: it writes the logs out
 	return cs
 }
 

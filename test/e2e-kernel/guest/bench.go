@@ -1,0 +1,145 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The CNI benchmark (test/e2e-kernel/bench-cni.sh): builds of a CNI
+// plugin side by side on one igbvf VF, as the runtime execs them. It runs
+// only when -checks names it (bench/...), never in make e2e-kernel.
+
+// benchDir holds the builds under test, one file per build, named for the
+// table (run.sh copies them from E2E_KERNEL_BENCH_BINS).
+const benchDir = "/opt/cni/bench"
+
+// benchConf is the conf of issue 40's comparison: mac, vlan, spoofchk,
+// trust and static IPAM, and nothing the two plugins read differently.
+// stateDir keeps fastpath's files apart from upstream's (which has no such
+// key and keeps /var/lib/cni/sriov); upstream ignores it.
+func benchConf(v *vf, build string) map[string]any {
+	return map[string]any{
+		"cniVersion": "1.0.0", "name": cniNet, "type": "sriov",
+		"deviceID": v.addr, "stateDir": "/var/lib/cni/bench-" + build,
+		"mac": "52:54:00:be:00:01", "vlan": 200, "spoofchk": "on", "trust": "on",
+		"ipam": map[string]any{"type": "static", "addresses": []map[string]string{{"address": "10.98.0.1/24"}}},
+	}
+}
+
+// benchTimes are one build's samples, in milliseconds.
+type benchTimes struct{ version, add, del, addDel []float64 }
+
+func benchChecks() []check {
+	return []check{
+		{"bench/cni-add-del", func(g *guest) error {
+			if err := g.needs("setup/pfs"); err != nil {
+				return err
+			}
+			ents, err := os.ReadDir(benchDir)
+			if err != nil || len(ents) == 0 {
+				return fmt.Errorf("no builds in %s (E2E_KERNEL_BENCH_BINS): %v", benchDir, err)
+			}
+			var builds []string
+			for _, e := range ents {
+				builds = append(builds, e.Name())
+			}
+			rounds := 25
+			if s := os.Getenv("E2E_KERNEL_BENCH_ROUNDS"); s != "" {
+				if rounds, err = strconv.Atoi(s); err != nil || rounds < 1 {
+					return fmt.Errorf("E2E_KERNEL_BENCH_ROUNDS %q: want a positive number", s)
+				}
+			}
+			if err := g.cniState(); err != nil {
+				return fmt.Errorf("harness: %w", err)
+			}
+			v, err := g.newVF(g.wireA, 0)
+			if err != nil {
+				return err
+			}
+			res := map[string]*benchTimes{}
+			for _, b := range builds {
+				res[b] = &benchTimes{}
+				// one untimed round each: the first exec pays for reading
+				// the binary from the initramfs into the page cache
+				if err := benchRound(v, b, &benchTimes{}); err != nil {
+					return err
+				}
+			}
+			for r := 0; r < rounds; r++ {
+				order := slices.Clone(builds)
+				if r%2 == 1 {
+					slices.Reverse(order)
+				}
+				for _, b := range order {
+					if err := benchRound(v, b, res[b]); err != nil {
+						return fmt.Errorf("round %d: %w", r+1, err)
+					}
+				}
+			}
+			logf("CNI builds on %s, %d alternating rounds, ms (p50 / p90):", v, rounds)
+			logf("| build | size | VERSION | ADD | DEL | ADD+DEL |")
+			logf("|---|---|---|---|---|---|")
+			for _, b := range builds {
+				t := res[b]
+				st, _ := os.Stat(filepath.Join(benchDir, b))
+				logf("| %s | %.1f MB | %s | %s | %s | %s |", b, float64(st.Size())/1e6,
+					pcts(t.version), pcts(t.add), pcts(t.del), pcts(t.addDel))
+			}
+			return nil
+		}},
+	}
+}
+
+// benchRound execs build for VERSION, then ADD and DEL of v in a fresh
+// pod netns, and checks that DEL put the VF back.
+func benchRound(v *vf, build string, t *benchTimes) error {
+	bin := filepath.Join(benchDir, build)
+	t0 := time.Now()
+	if r := run(time.Minute, []string{"CNI_COMMAND=VERSION"}, `{"cniVersion":"1.0.0"}`, bin); r.err != nil {
+		return fmt.Errorf("%s VERSION: %s", build, r)
+	}
+	t.version = append(t.version, ms(time.Since(t0)))
+	p, err := newPod("bench")
+	if err != nil {
+		return err
+	}
+	defer p.del()
+	c := cniCall{"ADD", "bench", p.path, "net1", benchConf(v, build)}
+	t0 = time.Now()
+	r := run(2*time.Minute, c.env(), c.stdin(), bin)
+	add := time.Since(t0)
+	if r.err != nil {
+		c.command = "DEL"
+		_ = run(2*time.Minute, c.env(), c.stdin(), bin)
+		return fmt.Errorf("%s ADD: %s", build, r)
+	}
+	c.command = "DEL"
+	t0 = time.Now()
+	r = run(2*time.Minute, c.env(), c.stdin(), bin)
+	del := time.Since(t0)
+	if r.err != nil {
+		return fmt.Errorf("%s DEL: %s", build, r)
+	}
+	if why := v.home(); why != "" {
+		return fmt.Errorf("%s: after DEL the VF is not back: %s", build, why)
+	}
+	t.add = append(t.add, ms(add))
+	t.del = append(t.del, ms(del))
+	t.addDel = append(t.addDel, ms(add+del))
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// pcts is "p50 / p90" of samples (nearest rank).
+func pcts(s []float64) string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	at := func(p float64) float64 { return s[int(p*float64(len(s)-1)+0.5)] }
+	return strings.TrimSpace(fmt.Sprintf("%.0f / %.0f", at(0.5), at(0.9)))
+}
