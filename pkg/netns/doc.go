@@ -1,14 +1,14 @@
-// Package netns moves links between network namespaces the safe way: through
-// an intermediate namespace, where the rename and the MAC/MTU changes cannot
-// clash with any other interface, with every step rolled back when a later
-// one fails. All netlink work goes through per-namespace handles, so no
-// goroutine ever switches its thread's namespace for it.
+// Package netns moves links between network namespaces in one step: the
+// move, the rename and the MTU and alias changes go to the kernel as one
+// rtnetlink request (MoveTo), which it carries out under one hold of the
+// RTNL lock, so a link is never seen, nor left by a killed process, half-way
+// between two namespaces. All netlink work goes through per-namespace
+// sockets, so no goroutine ever switches its thread's namespace for long.
 //
-// The intermediate namespace can be pinned to a file (Pin): a process killed
-// mid-move then leaves the link in a namespace that outlives it, where the
-// next caller finds it by path, instead of in one the kernel tears down —
-// which destroys a virtual link and sends a physical one to the initial
-// namespace under whatever name it had.
+// A namespace can be pinned to a file (Pin), so that it outlives every
+// process that has it open; fastpath's CNI pinned one per move before it
+// moved links in one request, and still opens and releases (Unpin) those an
+// older version left behind.
 //
 // Linux only.
 package netns

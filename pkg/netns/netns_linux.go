@@ -1,9 +1,7 @@
 package netns
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"runtime"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -63,15 +61,6 @@ func IsCurrent(path string) (bool, error) {
 	return want.Dev == self.Dev && want.Ino == self.Ino, nil
 }
 
-// Temp creates an empty namespace that lives until Close.
-func Temp() (*NS, error) {
-	n, err := ns.TempNetNS()
-	if err != nil {
-		return nil, fmt.Errorf("netns: create temporary: %w", err)
-	}
-	return wrap(n)
-}
-
 func wrap(n ns.NetNS) (*NS, error) {
 	h, err := netlink.NewHandleAt(vnetns.NsHandle(int(n.Fd())), unix.NETLINK_ROUTE)
 	if err != nil {
@@ -118,123 +107,4 @@ func (n *NS) Do(f func() error) error {
 func (n *NS) Close() error {
 	n.h.Close()
 	return n.ns.Close()
-}
-
-// LinkConfig is what Move sets on a link while it is in the temporary
-// namespace. Zero values leave the attribute alone.
-type LinkConfig struct {
-	Name  string           // new name; "" keeps the name
-	MAC   net.HardwareAddr // new MAC
-	MTU   int              // new MTU
-	Alias *string          // new alias ("" clears it)
-}
-
-// ErrLinkNotFound is returned when the link to move is not in the source
-// namespace.
-var ErrLinkNotFound = errors.New("link not found")
-
-// Move moves the link named name from one namespace to another through a
-// temporary namespace, applying cfg on the way. On error, every step done
-// is undone and the link is back in from under its name, MAC and MTU. The
-// link is left down (moving a link always takes it down); it returns the
-// link as seen in to.
-func Move(name string, from, to *NS, cfg LinkConfig) (netlink.Link, error) {
-	tmp, err := Temp()
-	if err != nil {
-		return nil, err
-	}
-	// Closing a namespace that still holds the link would destroy a
-	// virtual link and send a physical one to the initial namespace: the
-	// rollbacks in MoveVia run before this.
-	defer tmp.Close()
-	return MoveVia(name, from, tmp, to, cfg)
-}
-
-// MoveVia is Move through the namespace via, which the caller made for this
-// one move (Temp or Pin) and which holds no other link. from may be via
-// itself: the link is finished from there (a move a killed process left
-// half-done). On error the link is back in from, as in Move.
-func MoveVia(name string, from, via, to *NS, cfg LinkConfig) (_ netlink.Link, err error) {
-	link, err := from.h.LinkByName(name)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return nil, fmt.Errorf("%s in %s: %w", name, from.Path(), ErrLinkNotFound)
-		}
-		return nil, fmt.Errorf("look up %s in %s: %w", name, from.Path(), err)
-	}
-	orig := link.Attrs()
-	origMAC, origMTU, origAlias := append(net.HardwareAddr(nil), orig.HardwareAddr...), orig.MTU, orig.Alias
-
-	tmp := via
-	if from != via {
-		if err = from.h.LinkSetNsFd(link, tmp.Fd()); err != nil {
-			return nil, fmt.Errorf("move %s to a temporary netns: %w", name, err)
-		}
-	}
-	cur := name
-	defer func() {
-		if err == nil {
-			return
-		}
-		if l, lerr := tmp.h.LinkByName(cur); lerr == nil {
-			if cur != name {
-				_ = tmp.h.LinkSetName(l, name)
-			}
-			if cfg.MAC != nil && len(origMAC) > 0 {
-				_ = tmp.h.LinkSetHardwareAddr(l, origMAC)
-			}
-			if cfg.MTU != 0 {
-				_ = tmp.h.LinkSetMTU(l, origMTU)
-			}
-			if cfg.Alias != nil {
-				_ = tmp.h.LinkSetAlias(l, origAlias)
-			}
-			if from != via {
-				_ = tmp.h.LinkSetNsFd(l, from.Fd())
-			}
-		}
-	}()
-
-	l, err := tmp.h.LinkByName(cur)
-	if err != nil {
-		return nil, fmt.Errorf("look up %s in the temporary netns: %w", name, err)
-	}
-	if cfg.Name != "" && cfg.Name != cur {
-		if err = tmp.h.LinkSetName(l, cfg.Name); err != nil {
-			return nil, fmt.Errorf("rename %s to %s: %w", name, cfg.Name, err)
-		}
-		cur = cfg.Name
-	}
-	if cfg.MAC != nil {
-		if err = tmp.h.LinkSetHardwareAddr(l, cfg.MAC); err != nil {
-			return nil, fmt.Errorf("set MAC %s on %s: %w", cfg.MAC, name, err)
-		}
-	}
-	if cfg.MTU != 0 {
-		if err = tmp.h.LinkSetMTU(l, cfg.MTU); err != nil {
-			return nil, fmt.Errorf("set MTU %d on %s: %w", cfg.MTU, name, err)
-		}
-	}
-	if cfg.Alias != nil {
-		if err = tmp.h.LinkSetAlias(l, *cfg.Alias); err != nil {
-			return nil, fmt.Errorf("set alias on %s: %w", name, err)
-		}
-	}
-	if err = tmp.h.LinkSetNsFd(l, to.Fd()); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("move %s into %s: an interface named %s is already there: %w", name, to.Path(), cur, err)
-		}
-		return nil, fmt.Errorf("move %s into %s: %w", name, to.Path(), err)
-	}
-	moved, err := to.h.LinkByName(cur)
-	if err != nil {
-		// The link is in to but cannot be read back: bring it back
-		// to the temporary namespace so the rollback can finish.
-		if back, lerr := to.h.LinkByIndex(l.Attrs().Index); lerr == nil {
-			_ = to.h.LinkSetNsFd(back, tmp.Fd())
-		}
-		return nil, fmt.Errorf("look up %s in %s after the move: %w", cur, to.Path(), err)
-	}
-	return moved, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
@@ -62,45 +63,96 @@ func TestIsCurrent(t *testing.T) {
 	}
 }
 
-func TestMoveRenamesAndConfigures(t *testing.T) {
+func TestMoveToRenamesAndConfigures(t *testing.T) {
 	from, to := named(t), named(t)
 	veth(t, from, "vf0")
-	mac, _ := net.ParseMAC("02:11:22:33:44:55")
+	l, err := from.Handle().LinkByName("vf0")
+	require.NoError(t, err)
+	require.NoError(t, from.Handle().LinkSetUp(l), "an up link moves too")
+	mac := l.Attrs().HardwareAddr.String()
 	alias := "vf0"
-	l, err := netns.Move("vf0", from, to, netns.LinkConfig{Name: "net1", MAC: mac, MTU: 9000, Alias: &alias})
+	l, err = netns.MoveTo("vf0", from, to, netns.LinkConfig{Name: "net1", MTU: 9000, Alias: &alias})
 	require.NoError(t, err)
 	require.Equal(t, "net1", l.Attrs().Name)
-	require.Equal(t, mac.String(), l.Attrs().HardwareAddr.String())
+	require.Equal(t, mac, l.Attrs().HardwareAddr.String())
 	require.Equal(t, 9000, l.Attrs().MTU)
 	require.Equal(t, "vf0", l.Attrs().Alias)
+	require.Zero(t, l.Attrs().Flags&net.FlagUp, "a move takes the link down")
 	_, err = from.Handle().LinkByName("vf0")
 	require.Error(t, err)
 
-	_, err = netns.Move("nope", from, to, netns.LinkConfig{})
+	// and back, the alias cleared
+	none := ""
+	l, err = netns.MoveTo("net1", to, from, netns.LinkConfig{Name: "vf0", MTU: 1500, Alias: &none})
+	require.NoError(t, err)
+	require.Equal(t, "vf0", l.Attrs().Name)
+	require.Equal(t, 1500, l.Attrs().MTU)
+	require.Equal(t, "", l.Attrs().Alias)
+
+	_, err = netns.MoveTo("nope", from, to, netns.LinkConfig{})
 	require.ErrorIs(t, err, netns.ErrLinkNotFound)
 }
 
-// A clash in the target rolls every step back: the link is in the source
-// under its name, MAC, MTU and alias.
-func TestMoveRollsBackOnNameClash(t *testing.T) {
+// The link's own name taken in the target is no clash: it arrives under
+// cfg's (__dev_change_net_namespace's pattern); with no new name it is.
+func TestMoveToOwnNameTakenInTarget(t *testing.T) {
+	from, to := named(t), named(t)
+	veth(t, from, "eth0")
+	veth(t, to, "eth0")
+	l, err := netns.MoveTo("eth0", from, to, netns.LinkConfig{Name: "net1"})
+	require.NoError(t, err)
+	require.Equal(t, "net1", l.Attrs().Name)
+
+	veth(t, from, "eth1")
+	veth(t, to, "eth1")
+	_, err = netns.MoveTo("eth1", from, to, netns.LinkConfig{})
+	require.ErrorIs(t, err, unix.EEXIST)
+	require.ErrorContains(t, err, "an interface named eth1 is already there")
+	_, err = from.Handle().LinkByName("eth1")
+	require.NoError(t, err, "still in the source")
+}
+
+// A new name taken in the target is refused before anything changes.
+func TestMoveToRefusesATakenName(t *testing.T) {
 	from, to := named(t), named(t)
 	veth(t, from, "vf0")
 	before, err := from.Handle().LinkByName("vf0")
 	require.NoError(t, err)
 	require.NoError(t, to.Handle().LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "net1"}, PeerName: "other"}))
-	mac, _ := net.ParseMAC("02:11:22:33:44:55")
 	alias := "vf0"
-	_, err = netns.Move("vf0", from, to, netns.LinkConfig{Name: "net1", MAC: mac, MTU: 9000, Alias: &alias})
+	_, err = netns.MoveTo("vf0", from, to, netns.LinkConfig{Name: "net1", MTU: 9000, Alias: &alias})
 	require.ErrorContains(t, err, "an interface named net1 is already there")
 	after, err := from.Handle().LinkByName("vf0")
 	require.NoError(t, err)
-	require.Equal(t, before.Attrs().HardwareAddr.String(), after.Attrs().HardwareAddr.String())
+	require.Equal(t, before.Attrs().Index, after.Attrs().Index)
 	require.Equal(t, 1500, after.Attrs().MTU)
 	require.Equal(t, "", after.Attrs().Alias)
 }
 
+// A part the kernel refuses after the move (an MTU over veth's 65535:
+// dev_set_mtu_ext runs after __dev_change_net_namespace in do_setlink)
+// sends the link back under its own name, MTU and alias.
+func TestMoveToRefusedAfterTheMoveComesBack(t *testing.T) {
+	from, to := named(t), named(t)
+	veth(t, from, "vf0")
+	l, err := from.Handle().LinkByName("vf0")
+	require.NoError(t, err)
+	require.NoError(t, from.Handle().LinkSetAlias(l, "mine"))
+	alias := "vf0"
+	_, err = netns.MoveTo("vf0", from, to, netns.LinkConfig{Name: "net1", MTU: 70000, Alias: &alias})
+	require.ErrorIs(t, err, unix.EINVAL)
+	require.ErrorContains(t, err, "move vf0 into")
+	back, err := from.Handle().LinkByName("vf0")
+	require.NoError(t, err, "back in the source under its name")
+	require.Equal(t, 1500, back.Attrs().MTU)
+	require.Equal(t, "mine", back.Attrs().Alias)
+	links, err := to.Links()
+	require.NoError(t, err)
+	require.Empty(t, links)
+}
+
 // A pinned namespace outlives every handle to it: a link left there is
-// found again by path, and a move is finished from there.
+// found again by path, and moved on from there.
 func TestPinKeepsLinksUntilUnpin(t *testing.T) {
 	from, to := named(t), named(t)
 	veth(t, from, "vf0")
@@ -130,7 +182,7 @@ func TestPinKeepsLinksUntilUnpin(t *testing.T) {
 	require.Equal(t, []string{"net1"}, links, "the link outlived the handle")
 
 	alias := "vf0"
-	moved, err := netns.MoveVia("net1", again, again, to, netns.LinkConfig{Name: "eth1", MTU: 4000, Alias: &alias})
+	moved, err := netns.MoveTo("net1", again, to, netns.LinkConfig{Name: "eth1", MTU: 4000, Alias: &alias})
 	require.NoError(t, err)
 	require.Equal(t, "eth1", moved.Attrs().Name)
 	require.Equal(t, 4000, moved.Attrs().MTU)

@@ -314,9 +314,10 @@ func confKeys(s sriov.Setting, w *sriov.Settings) string {
 	return strings.Join(keys, ", ")
 }
 
-// attachLink moves the VF netdev (and its RDMA device) into the pod,
-// through a temporary netns pinned beside the state, so that a kill
-// mid-move leaves the netdev where teardown finds it.
+// attachLink moves the VF netdev (and its RDMA device) into the pod. The
+// netdev goes in one rtnetlink request that also renames it and sets its
+// MTU and the alias teardown finds it by (netns.MoveTo), so a kill leaves it
+// on the host as it was or in the pod as the journal says.
 func (p *Plugin) attachLink(log *slog.Logger, c *NetConf, j *journal, host, pod *netns.NS, args *skel.CmdArgs) error {
 	st := j.st
 	if err := j.intend("link", func(st *State) { st.LinkMoved = true }); err != nil {
@@ -327,17 +328,7 @@ func (p *Plugin) attachLink(log *slog.Logger, c *NetConf, j *journal, host, pod 
 	if c.MTU != nil {
 		cfg.MTU = *c.MTU
 	}
-	viaPath := j.store.netnsPath(st.PCIAddress)
-	via, err := netns.Pin(viaPath)
-	if err != nil {
-		return fail(0, st.PCIAddress, "create the temporary netns", err)
-	}
-	_, err = netns.MoveVia(st.HostName, host, via, pod, cfg)
-	via.Close()
-	if uerr := unpinIfEmpty(viaPath); uerr != nil {
-		log.Warn("temporary netns kept for DEL", "err", uerr)
-	}
-	if err != nil {
+	if _, err := netns.MoveTo(st.HostName, host, pod, cfg); err != nil {
 		return fail(0, st.PCIAddress, "move "+st.HostName+" into the pod as "+args.IfName, err)
 	}
 	// The MAC in the pod, where a VF driver that refuses it while the PF

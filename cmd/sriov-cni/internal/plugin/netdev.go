@@ -20,9 +20,10 @@ import (
 // left it and puts it back on the host as the state says it was.
 
 // restoreLink brings the VF netdev back to the host under its original
-// name, MAC, MTU and alias, from wherever it is (findNetdev), and releases
-// the pinned temporary netns. A name taken on the host meanwhile leaves the
-// netdev the kernel's (homeName), with a warning.
+// name, MTU and alias, from wherever it is (findNetdev), in one rtnetlink
+// request (netns.MoveTo), then its MAC; and releases a temporary netns an
+// older version pinned for the move. A name taken on the host meanwhile
+// leaves the netdev the kernel's (homeName), with a warning.
 func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, pod *netns.NS) error {
 	viaPath := store.netnsPath(st.PCIAddress)
 	var via *netns.NS
@@ -45,17 +46,10 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 			return err
 		}
 	default:
-		if via == nil {
-			n, err := pinForReturn(log, viaPath)
-			if err != nil {
-				return err
-			}
-			via = n
-		}
 		home = homeName(log, st, host, where, name)
 		alias := st.HostAlias
 		cfg := netns.LinkConfig{Name: home, MTU: st.HostMTU, Alias: &alias}
-		if _, err := netns.MoveVia(name, where, via, host, cfg); err != nil {
+		if _, err := netns.MoveTo(name, where, host, cfg); err != nil {
 			return fmt.Errorf("return %s to the host as %s: %w", name, home, err)
 		}
 		log.Info("VF netdev returned to the host", "from", name, "name", home)

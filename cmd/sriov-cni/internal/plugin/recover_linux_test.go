@@ -75,8 +75,10 @@ func TestKillAtEveryAddStepMovesBack(t *testing.T) {
 	}
 }
 
-// A kill mid-move leaves the netdev in the pinned temporary netns, under
-// its host name or its pod name: DEL brings it back from there.
+// Before the one-request move (netns.MoveTo), the netdev went through a
+// temporary netns pinned at <stateDir>/<pci>.netns, where a kill mid-move
+// left it under its host name or its pod name: a node upgraded with one
+// such leftover gets the VF back from there on DEL.
 func TestDelFindsNetdevInTemporaryNetns(t *testing.T) {
 	for _, renamed := range []bool{false, true} {
 		t.Run(map[bool]string{false: "host name", true: "pod name"}[renamed], func(t *testing.T) {
@@ -96,7 +98,7 @@ func delFromTemporaryNetns(t *testing.T, renamed bool) {
 	_, err := run(func() error { _, err := e.add(conf, e.podNS, "c1", "net1"); return err })
 	require.NoError(t, err)
 	e.p.failpoint = nil
-	// Put the netdev where a kill inside the move leaves it.
+	// Put the netdev where a kill inside an older version's move left it.
 	pod := mustOpen(t, e.podNS)
 	via, err := netns.Pin(filepath.Join(e.stateDir, "0000:3b:00.3.netns"))
 	require.NoError(t, err)

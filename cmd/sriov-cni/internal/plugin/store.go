@@ -282,26 +282,9 @@ func (s *Store) clearLeftovers(vf string) error {
 	return errors.Join(errs...)
 }
 
-// pinForReturn pins the temporary netns at path that a VF netdev goes
-// back to the host through, so that a kill mid-move leaves it where the
-// next DEL finds it. A plain file there is what a kill before the mount
-// leaves. A state dir that is full or read-only gets an unpinned netns
-// instead: bringing the VF back matters more than surviving a kill on the
-// way.
-func pinForReturn(log *slog.Logger, path string) (*netns.NS, error) {
-	if err := netns.Unpin(path); err != nil {
-		return nil, err
-	}
-	n, err := netns.Pin(path)
-	if err != nil {
-		log.Warn("temporary netns not pinned; moving through an unpinned one", "err", err)
-		return netns.Temp()
-	}
-	return n, nil
-}
-
-// unpinIfEmpty releases the pinned netns at path unless a link is still in
-// it; a path that is not there is fine.
+// unpinIfEmpty releases the netns pinned at path (by a version that moved
+// VF netdevs through one) unless a link is still in it; a path that is not
+// there is fine.
 func unpinIfEmpty(path string) error {
 	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil
