@@ -35,8 +35,9 @@ QEMU_MIN_MAJOR=8
 QEMU_TIMEOUT=${QEMU_TIMEOUT:-900}
 # The modules the guest loads (their dependencies come from modules.dep).
 MODULES="igb igbvf vfio-pci rdma_rxe ib_uverbs rdma_ucm crc32_generic virtio_blk veth"
-# Debian's busybox-static and iproute2 are what the guest's userland is.
-DEBS_NEEDED="busybox-static kmod xz-utils cpio iproute2"
+# Debian's busybox-static, iproute2 and util-linux's setpriv are what the
+# guest's userland is.
+DEBS_NEEDED="busybox-static kmod xz-utils cpio iproute2 util-linux"
 
 export PATH=/usr/local/go/bin:/usr/sbin:/sbin:$PATH
 
@@ -186,6 +187,10 @@ make_initramfs() {
 	rdma=$(command -v rdma) || die "no rdma (iproute2)"
 	copy_with_libs "$(readlink -f "$ip")"
 	copy_with_libs "$(readlink -f "$rdma")"
+	# setpriv runs the plugin with the DaemonSet's capabilities (guest/daemonset.go)
+	local setpriv
+	setpriv=$(command -v setpriv) || die "no setpriv (util-linux)"
+	copy_with_libs "$(readlink -f "$setpriv")"
 	[[ -e $ROOT/sbin/ip ]] || ln -s "$(readlink -f "$ip")" "$ROOT/sbin/ip"
 	[[ -e $ROOT/usr/bin/rdma ]] || ln -s "$(readlink -f "$rdma")" "$ROOT/usr/bin/rdma"
 	# the loader ldd names as a path (/lib64/ld-linux-x86-64.so.2) is a link on the host

@@ -223,6 +223,7 @@ func setupChecks() []check {
 			logf("wire A %s, wire B %s, node %s", g.wireA, g.wireB, g.nodePF)
 			return nil
 		}},
+		{"setup/daemonset-caps", daemonSetCapsCheck},
 		{"setup/node-default-route", func(g *guest) error {
 			// QEMU's user net answers router solicitations: an IPv6 default
 			// route through the node PF, as a node's own network has

@@ -66,7 +66,8 @@ type planJSON struct {
 func provisionRun(policy string, args ...string) cmdResult {
 	a := append([]string{"provision", "--policy", policy, "--provision-state-dir", provisionDir,
 		"--cni-state-dir", cniStateDir, "--pod-resources-socket", podResSocket, "--provision-timeout", provisionWait}, args...)
-	r := run(3*time.Minute, nil, "", plugin, a...)
+	name, argv := asDaemonSet(provisionCaps, a...)
+	r := run(3*time.Minute, nil, "", name, argv...)
 	appendLog("provision.log", fmt.Sprintf("$ rdma-device-plugin %s\n%s\n%s\nerr: %v\n", strings.Join(a, " "), r.stdout, r.stderr, r.err))
 	return r
 }

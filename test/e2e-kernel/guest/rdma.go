@@ -120,8 +120,9 @@ func rdmaChecks() []check {
 			if err := writePools(); err != nil {
 				return err
 			}
-			r := run(2*time.Minute, nil, "", plugin, "doctor", "-o", "json", "--config", filepath.Join(e2eDir, "pools.json"),
+			name, argv := asDaemonSet(baseCaps, "doctor", "-o", "json", "--config", filepath.Join(e2eDir, "pools.json"),
 				"--kubelet-dir", "", "--cni-bin-dir", "", "--cni-conf-dir", "")
+			r := run(2*time.Minute, nil, "", name, argv...)
 			appendLog("doctor.json", r.stdout+r.stderr)
 			var out struct {
 				Checks []struct {

@@ -126,7 +126,8 @@ func serveChecks() []check {
 			if err := g.serveState(); err != nil {
 				return fmt.Errorf("harness: %w", err)
 			}
-			r := run(2*time.Minute, nil, "", plugin, "discover", "-o", "json", "--config", filepath.Join(e2eDir, "pools.json"))
+			name, argv := asDaemonSet(baseCaps, "discover", "-o", "json", "--config", filepath.Join(e2eDir, "pools.json"))
+			r := run(2*time.Minute, nil, "", name, argv...)
 			appendLog("discover.json", r.stdout+r.stderr)
 			if r.err != nil {
 				return fmt.Errorf("discover: %s", r)
@@ -197,8 +198,9 @@ func serveChecks() []check {
 			if err != nil {
 				return err
 			}
-			s.cmd = exec.Command(plugin, "--config", filepath.Join(e2eDir, "pools.json"), "--kubelet-dir", kubeletDir,
+			name, argv := asDaemonSet(baseCaps, "--config", filepath.Join(e2eDir, "pools.json"), "--kubelet-dir", kubeletDir,
 				"--pod-resources-socket", "", "--devinfo-dir", e2eDir+"/devinfo", "--metrics-addr", metricsAddr, "--log-level", "debug")
+			s.cmd = exec.Command(name, argv...)
 			s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 			if err := s.cmd.Start(); err != nil {
 				return err
@@ -254,6 +256,15 @@ func serveChecks() []check {
 					return fmt.Errorf("no registration of %s (got %v)", r, slices.Collect(maps.Keys(s.clients)))
 				}
 			}
+			// setpriv exec'd the plugin in its own process
+			eff, err := capEff(s.cmd.Process.Pid)
+			if err != nil {
+				return err
+			}
+			if eff != "0000000000000000" {
+				return fmt.Errorf("the serving plugin has CapEff %s, want none (the DaemonSet drops ALL)", eff)
+			}
+			logf("registered %v with CapEff %s", want, eff)
 			return nil
 		}},
 		{"serve/list-and-watch", func(g *guest) error {
