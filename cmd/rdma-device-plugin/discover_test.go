@@ -33,7 +33,7 @@ func TestDiscoverDefaultsToFastpathHostRoot(t *testing.T) {
 	t.Setenv("FASTPATH_HOST_ROOT", fixture("dgx-h100"))
 	v := discoverJSON(t)
 	devices := v["devices"].([]any)
-	require.Len(t, devices, 8+32+4)
+	require.Len(t, devices, 2+8+32+4)
 	for _, d := range devices {
 		m := d.(map[string]any)
 		if m["pciAddress"] == "0000:18:00.1" {
@@ -50,7 +50,7 @@ func TestDiscoverJSONShape(t *testing.T) {
 	v := discoverJSON(t, "--host-root", fixture("dgx-h100"), "--config", config("combined.json"))
 
 	devices := v["devices"].([]any)
-	require.Len(t, devices, 8+32+4, "8 IB PFs, 32 VFs, 4 storage ports; the Intel NIC and the GPUs are not listed")
+	require.Len(t, devices, 2+8+32+4, "the E810's 2 ports (irdma), 8 IB PFs, 32 VFs, 4 storage ports; the GPUs are not listed")
 	byAddr := map[string]map[string]any{}
 	for _, d := range devices {
 		m := d.(map[string]any)
@@ -123,6 +123,10 @@ func TestDiscoverTable(t *testing.T) {
 	require.NoError(t, run(context.Background(), []string{"discover", "--host-root", fixture("dgx-h100"), "--config", config("combined.json")}, &out, &errs))
 	lines := strings.Split(out.String(), "\n")
 	require.Regexp(t, `^PCI\s+MODEL\s+DRIVER\s+NUMA\s+PCIE ROOT\s+NETDEV\s+LINK\s+RDMA\s+CHAR DEVICES\s+POOL$`, lines[0])
+	// the E810's ports first (bus 0c), served for their irdma devices, in no pool
+	require.Regexp(t, `^0000:0c:00.0\s+\S+\s+ice\s+0\s+pci0000:0a\s+enp12s0f0\s+Ethernet\s+irdma0\s+uverbs0,rdma_cm\s+-$`, lines[1])
+	require.Regexp(t, `^0000:0c:00.1\s`, lines[2])
+	lines = append(lines[:1], lines[3:]...)
 	require.Regexp(t, `^0000:18:00.0 \(4/16 VFs\)\s+\S+\s+mlx5_core\s+0\s+pci0000:15\s+ibp24s0\s+InfiniBand\s+mlx5_0\s+uverbs2,umad0,issm0,rdma_cm\s+rdma/hca_shared_devices_a$`, lines[1])
 	require.Regexp(t, `^  ├─ vf0 0000:18:00.1\s+\S+\s+mlx5_core\s+0\s+pci0000:15\s+ibp24s0v0\s+InfiniBand\s+mlx5_12\s+uverbs14,umad12,issm12,rdma_cm\s+mellanox.com/mlnx_sriov_rdma$`, lines[2])
 	require.Regexp(t, `^  └─ vf3 0000:18:00.4\s`, lines[5])

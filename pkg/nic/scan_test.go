@@ -41,7 +41,7 @@ func chars(uverbs, umad int) []rdma.CharDevice {
 
 func TestScanDGX(t *testing.T) {
 	s := scan(t, "dgx-h100")
-	require.Len(t, s.Devices, 8+32+4)
+	require.Len(t, s.Devices, 2+8+32+4)
 	require.Empty(t, s.Warnings)
 	require.Equal(t, "/dev/infiniband/rdma_cm", s.RDMACM)
 
@@ -72,8 +72,18 @@ func TestScanDGX(t *testing.T) {
 	require.Equal(t, "enp170s0f1np1", storage.Netdev)
 	require.Equal(t, 8, storage.TotalVFs)
 	require.Equal(t, 0, storage.NumVFs)
-	for _, d := range s.Devices {
-		require.NotEqual(t, "8086", d.Vendor, "Intel functions are not ours")
+	// The E810's ports are served for their irdma devices, which 6.12
+	// parents on the PCI functions; they have no SR-IOV here.
+	for i, d := range s.Devices[:2] {
+		require.Equal(t, fmt.Sprintf("0000:0c:00.%d", i), d.PCIAddress)
+		require.Equal(t, "8086", d.Vendor)
+		require.Equal(t, "ice", d.Driver)
+		require.Equal(t, fmt.Sprintf("irdma%d", i), d.RDMADevice)
+		require.Equal(t, []rdma.CharDevice{{Kind: "uverbs", Name: fmt.Sprintf("uverbs%d", i), Path: fmt.Sprintf("/dev/infiniband/uverbs%d", i)}}, d.CharDevices)
+		require.Zero(t, d.TotalVFs)
+	}
+	for _, d := range s.Devices[2:] {
+		require.Equal(t, "15b3", d.Vendor, d.PCIAddress)
 	}
 }
 
@@ -84,8 +94,8 @@ func TestScanEdge(t *testing.T) {
 		addrs = append(addrs, d.PCIAddress)
 	}
 	// The 15b3 bridge and BlueField management function are not NICs; the
-	// Intel NIC is not Mellanox.
-	require.Equal(t, []string{"0000:86:00.0", "0000:86:00.1", "0000:86:00.2", "0000:86:00.3", "0000:86:00.4",
+	// Intel E810 is served for its irdma device.
+	require.Equal(t, []string{"0000:31:00.0", "0000:86:00.0", "0000:86:00.1", "0000:86:00.2", "0000:86:00.3", "0000:86:00.4",
 		"0000:af:00.0", "0000:af:00.1", "0000:af:00.2", "0000:af:00.3"}, addrs)
 
 	vfio := dev(t, s, "0000:86:00.1")

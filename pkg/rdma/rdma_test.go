@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fastpath-k8s/fastpath/internal/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
@@ -26,20 +27,49 @@ func TestDevicesDGX(t *testing.T) {
 		},
 	}}, devs)
 
-	// The GPU has none. This host's E810 has its irdma device below the
-	// auxiliary device ice.roce.N, where 6.12's irdma never puts it (it
-	// parents on the PF: docs/vendors.md; e810-irdma has the real layout),
-	// but where an mlx5 sub-function's device is: a device below an
-	// auxiliary device is that device's, not the PCI function's own.
+	// The GPU has none. The E810's irdma device is the PCI function's,
+	// where 6.12's irdma parents it although it binds to the auxiliary
+	// device ice.roce.0 (docs/vendors.md).
 	devs, err = r.Devices("0000:19:00.0")
 	require.NoError(t, err)
 	require.Empty(t, devs)
 	devs, err = r.Devices("0000:0c:00.0")
 	require.NoError(t, err)
-	require.Empty(t, devs)
+	require.Equal(t, []rdma.Device{{
+		Name:        "irdma0",
+		Ports:       []rdma.Port{{Number: 1, LinkLayer: "Ethernet"}},
+		CharDevices: []rdma.CharDevice{{Kind: "uverbs", Name: "uverbs0", Path: "/dev/infiniband/uverbs0"}},
+	}}, devs)
 
 	_, err = r.Devices("../../x")
 	require.ErrorContains(t, err, "not a PCI address")
+}
+
+// A device below an auxiliary device of the function, as an mlx5
+// sub-function's is below its mlx5_core.sf.N, is that device's, not the
+// PCI function's own.
+func TestDevicesBelowAnAuxiliaryDevice(t *testing.T) {
+	host := filepath.Join(t.TempDir(), "dgx")
+	require.NoError(t, fixture.Write(host, "dgx-h100"))
+	fn := filepath.Join(host, "sys/devices/pci0000:0a/0000:0a:02.0/0000:0c:00.0")
+	sf := filepath.Join(fn, "mlx5_core.sf.2")
+	require.NoError(t, os.MkdirAll(sf, 0o755))
+	require.NoError(t, os.Rename(filepath.Join(fn, "infiniband"), filepath.Join(sf, "infiniband")))
+	class := filepath.Join(host, "sys/class/infiniband/irdma0")
+	target, err := os.Readlink(class)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(class))
+	// .../0000:0c:00.0/infiniband/irdma0 -> .../0000:0c:00.0/mlx5_core.sf.2/infiniband/irdma0
+	require.NoError(t, os.Symlink(filepath.Join(filepath.Dir(filepath.Dir(target)), "mlx5_core.sf.2", "infiniband", "irdma0"), class))
+	require.NoError(t, os.Remove(filepath.Join(sf, "infiniband/irdma0/device")))
+	require.NoError(t, os.Symlink("../..", filepath.Join(sf, "infiniband/irdma0/device")))
+	resolved, err := filepath.EvalSymlinks(filepath.Join(class, "device"))
+	require.NoError(t, err)
+	require.Equal(t, "mlx5_core.sf.2", filepath.Base(resolved), "the device's parent is the auxiliary device")
+
+	devs, err := rdma.NewReader(host).Devices("0000:0c:00.0")
+	require.NoError(t, err)
+	require.Empty(t, devs)
 }
 
 func TestDevNodes(t *testing.T) {

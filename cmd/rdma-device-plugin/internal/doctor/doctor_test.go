@@ -176,7 +176,8 @@ func TestModules(t *testing.T) {
 		st     Status
 		want   []string
 	}{
-		{"all loaded", nil, OK, []string{"mlx5_core, mlx5_ib, ib_uverbs, ib_umad, rdma_ucm"}},
+		// the edge host's E810 has an irdma device: its modules are checked too
+		{"all loaded", nil, OK, []string{"mlx5_core, mlx5_ib, ice, irdma, ib_uverbs, ib_umad, rdma_ucm"}},
 		{"mlx5_ib missing", []func(string) error{unload("mlx5_ib")}, Fail, []string{"mlx5_ib", "modprobe mlx5_ib", "NET/IB : No device found"}},
 		{"ib_uverbs missing takes mlx5_ib", []func(string) error{unload("ib_uverbs")}, Fail, []string{"ib_uverbs", "modprobe ib_uverbs"}},
 		{"ib_umad missing", []func(string) error{unload("ib_umad")}, Warn, []string{"ib_umad", "NCCL does not"}},
