@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
@@ -378,11 +379,7 @@ func (m *rdmaMissing) warnings(warns []string) []string {
 			warns = append(warns, fns[0]+": no RDMA device (is mlx5_ib loaded?)")
 			continue
 		}
-		list := strings.Join(fns[:min(len(fns), 4)], ", ")
-		if len(fns) > 4 {
-			list += fmt.Sprintf(" and %d more", len(fns)-4)
-		}
-		warns = append(warns, fmt.Sprintf("%s: %d functions of this PF have no RDMA device (%s): is mlx5_ib loaded?", pf, len(fns), list))
+		warns = append(warns, fmt.Sprintf("%s: %d functions of this PF have no RDMA device (%s): is mlx5_ib loaded?", pf, len(fns), words.List(fns, 4)))
 	}
 	return warns
 }

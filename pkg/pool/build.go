@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 
@@ -137,7 +138,7 @@ func Build(cfg *Config, devices []nic.Device, opts ...BuildOption) ([]Pool, []st
 		p.Devices = take(devices, matched)
 		if len(noRDMA) > 0 {
 			warns = append(warns, fmt.Sprintf("%s: %s selected but without an RDMA device: left out (%s; %s)",
-				p.ResourceName(), countFunctions(len(noRDMA)), listAddrs(noRDMA, 4), hint))
+				p.ResourceName(), countFunctions(len(noRDMA)), words.List(noRDMA, 4), hint))
 		}
 	}
 	for i := range pools {
@@ -237,12 +238,4 @@ func countFunctions(n int) string {
 		return "1 function is"
 	}
 	return fmt.Sprintf("%d functions are", n)
-}
-
-// listAddrs joins at most max addresses, then says how many more.
-func listAddrs(addrs []string, max int) string {
-	if len(addrs) <= max {
-		return strings.Join(addrs, ", ")
-	}
-	return strings.Join(addrs[:max], ", ") + fmt.Sprintf(" and %d more", len(addrs)-max)
 }

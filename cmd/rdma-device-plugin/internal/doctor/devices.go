@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
@@ -241,7 +242,7 @@ func (h *host) checkCharDevices() {
 	}
 	for _, kind := range kinds {
 		f := found[kind]
-		details := list(f.details, 6)
+		details := words.List(f.details, 6)
 		var st Status = Fail
 		var msg, fix string
 		switch kind {
@@ -260,11 +261,11 @@ func (h *host) checkCharDevices() {
 		default:
 			st, msg, fix = Warn, details+": not readable", "run doctor as root"
 		}
-		h.add(name, st, list(f.ibdevs, 4), msg, fix)
+		h.add(name, st, words.List(f.ibdevs, 4), msg, fix)
 	}
 	if extra := extraNodes(present, known); len(extra) > 0 && expected > 0 {
 		h.addf(name, Warn, devDir, "remove them: they name no device (udevadm trigger recreates the real ones)",
-			"%s under %s: no device of that name in sysfs (left over from before a driver reload?)", list(extra, 6), devDir)
+			"%s under %s: no device of that name in sysfs (left over from before a driver reload?)", words.List(extra, 6), devDir)
 	}
 	if len(kinds) == 0 && checked > 0 {
 		h.addf(name, OK, devDir, "", "%s: every uverbs/umad/issm node matches the major:minor sysfs gives; rdma_cm present",

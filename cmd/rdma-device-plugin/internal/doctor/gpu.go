@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 )
@@ -99,7 +100,7 @@ func (h *host) checkGPUs() {
 		h.addf(name, Warn, p.ResourceName(),
 			"enable VFs on the NIC that shares each GPU's PCIe switch (its rail PF) and let the pool select them; a pod's VFs come from the pool, so a pool without near VFs gives every pod far ones",
 			"no device of the pool under the PCIe switch of %d of %d GPUs — %s: NCCL cannot use GPUDirect RDMA for them (NCCL_NET_GDR_LEVEL) and stages traffic through host memory",
-			len(far), len(gpus), list(far, 3))
+			len(far), len(gpus), words.List(far, 3))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
@@ -238,7 +239,7 @@ func (h *host) have(field string, s pool.Selector) string {
 	if len(vals) == 0 {
 		return "the node has none"
 	}
-	return "the node has " + list(vals, 8)
+	return "the node has " + words.List(vals, 8)
 }
 
 // selectorRDMAHint is what to check when no function has the RDMA device

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
@@ -181,7 +182,7 @@ func (h *host) checkPorts() {
 		if g.first.Netdev != "" {
 			fix = strings.ReplaceAll(fix, g.first.Netdev, "<each>")
 		}
-		h.add(name, Fail, list(g.subjects, 4), fmt.Sprintf("%d VFs of %s, whose own port is up: %s", len(g.subjects), g.pf, g.msg), fix)
+		h.add(name, Fail, words.List(g.subjects, 4), fmt.Sprintf("%d VFs of %s, whose own port is up: %s", len(g.subjects), g.pf, g.msg), fix)
 	}
 	if n > 0 && !h.failed(name) {
 		sm := ""
@@ -320,14 +321,14 @@ func (h *host) checkRoCEGIDs() {
 			}
 			have = append(have, x.netdev+" "+x.addr)
 		}
-		h.addf(name, Fail, list(subjects, 4), fix, "%d addresses on the netdevs of %s have no RoCE v2 GID on their ports (%s): %s", len(m), pf, list(have, 4), effect)
+		h.addf(name, Fail, words.List(subjects, 4), fix, "%d addresses on the netdevs of %s have no RoCE v2 GID on their ports (%s): %s", len(m), pf, words.List(have, 4), effect)
 	}
 	if len(unread) > 0 {
 		whose := "their"
 		if len(unread) == 1 {
 			whose = "its"
 		}
-		h.addf(name, Skip, list(unread, 4), "", "cannot read %s addresses: %v", whose, readErr)
+		h.addf(name, Skip, words.List(unread, 4), "", "cannot read %s addresses: %v", whose, readErr)
 	}
 	switch {
 	case checked == 0:

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
@@ -193,7 +194,7 @@ func (h *host) checkNeverRDMA(p *pool.Pool) {
 		}
 		h.addf("pool", st, p.ResourceName(), fix,
 			"%s %s, but %s it selects (%s) can never have one: %s — the pool can never be served on this NIC",
-			p.ResourceName(), asks, plural(len(n.addrs), one, many), list(n.addrs, 4), n.family.NoRDMAReason())
+			p.ResourceName(), asks, plural(len(n.addrs), one, many), words.List(n.addrs, 4), n.family.NoRDMAReason())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
@@ -225,7 +226,7 @@ func (h *host) checkExpectedVFs() {
 		if len(g.addrs) > 1 {
 			fix = strings.ReplaceAll(fix, g.addrs[0], "<each>")
 		}
-		h.addf("sriov", g.st, list(g.addrs, 4), fix, "%s: %s — left out of %s", plural(len(g.addrs), "function", "functions"), g.why,
+		h.addf("sriov", g.st, words.List(g.addrs, 4), fix, "%s: %s — left out of %s", plural(len(g.addrs), "function", "functions"), g.why,
 			strings.Join(g.pools, " and "))
 	}
 }
@@ -299,7 +300,7 @@ func (h *host) checkPoolVFs() {
 			if len(noNetdev) == 1 {
 				fix = strings.ReplaceAll(fix, "<pci>", noNetdev[0])
 			}
-			h.addf("sriov", Warn, list(noNetdev, 4), fix,
+			h.addf("sriov", Warn, words.List(noNetdev, 4), fix,
 				"%s of %s: no netdev on the node, and no pod holds it (kubelet checkpoint): the CNI has nothing to move into a pod", plural(len(noNetdev), "VF", "VFs"), p.ResourceName())
 		}
 		if len(noRDMA) > 0 {
@@ -307,7 +308,7 @@ func (h *host) checkPoolVFs() {
 			if len(rdmaDrivers) > 0 {
 				fix += ", and load " + strings.Join(rdmaDrivers, " and ")
 			}
-			h.addf("sriov", Warn, list(noRDMA, 4), fix,
+			h.addf("sriov", Warn, words.List(noRDMA, 4), fix,
 				"%s of %s without an RDMA device: a pod given one gets no HCA and NCCL uses sockets", plural(len(noRDMA), "VF", "VFs"), p.ResourceName())
 		}
 	}

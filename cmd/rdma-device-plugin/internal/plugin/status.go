@@ -7,9 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 
+	"github.com/fastpath-k8s/fastpath/internal/words"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
@@ -112,11 +112,6 @@ func checkDevNodes(root string) error {
 		return nil
 	}
 	slices.Sort(missing)
-	shown := missing[:min(len(missing), 5)]
-	more := ""
-	if len(missing) > len(shown) {
-		more = fmt.Sprintf(" and %d more", len(missing)-len(shown))
-	}
-	return fmt.Errorf("sysfs lists RDMA char devices that %s does not have: %s%s (is the node's /dev mounted, and is it the live one after a driver reload?)",
-		filepath.Join(root, rdma.DevDir), strings.Join(shown, ", "), more)
+	return fmt.Errorf("sysfs lists RDMA char devices that %s does not have: %s (is the node's /dev mounted, and is it the live one after a driver reload?)",
+		filepath.Join(root, rdma.DevDir), words.List(missing, 5))
 }
