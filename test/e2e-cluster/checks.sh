@@ -48,6 +48,14 @@ restart_count() {
 restarted() { (($(restart_count) > $1)); }
 plugin_log() { cat "$RUN"/pod-logs/"${DS_NS}_${DS}"-*/"$DS"/*.log 2>/dev/null; }
 netlink_on() { plugin_log | grep -q '"msg":"starting"' && ! plugin_log | grep -q 'netlink unavailable'; }
+# host_volumes prints the DaemonSet's hostPath volumes of the node's sysfs
+# and devices, as shipped, each moved to the same path under fixture host $1
+# (JSON, for the overlays' volume patches: checks.sh and twonode.sh).
+host_volumes() {
+	kubectl kustomize "$REPO/deployments" | kubectl create --dry-run=client -o json -f - |
+		jq -s -c --arg h "$1" '[.[] | select(.kind == "DaemonSet") | .spec.template.spec.volumes[]
+			| select(.hostPath.path // "" | test("^/(sys|dev)(/|$)")) | {name, hostPath: {path: ($h + .hostPath.path)}}]'
+}
 matches() { [[ $1 =~ $2 ]]; }
 sriov_answers_version() { CNI_COMMAND=VERSION /opt/cni/bin/sriov </dev/null | jq_true '.supportedVersions | index("0.3.1") != null'; }
 # doctor_cni_ok runs doctor in the plugin's container as kubectl exec
@@ -90,9 +98,7 @@ test_deploy() {
 	# The DaemonSet's hostPath volumes of the node's sysfs and devices, as
 	# shipped: each becomes the same path under the fixture host.
 	local host_volumes
-	host_volumes=$(kubectl kustomize "$REPO/deployments" | kubectl create --dry-run=client -o json -f - |
-		jq -s -c --arg h "$HOST" '[.[] | select(.kind == "DaemonSet") | .spec.template.spec.volumes[]
-			| select(.hostPath.path // "" | test("^/(sys|dev)(/|$)")) | {name, hostPath: {path: ($h + .hostPath.path)}}]')
+	host_volumes=$(host_volumes "$HOST")
 	check "the DaemonSet mounts the node's sysfs and devices ($host_volumes)" \
 		jq_true 'map(.hostPath.path) | any(endswith("/sys")) and any(test("/dev(/infiniband)?$"))' <<<"$host_volumes"
 	write_overlay "$RUN/deploy" "$(realpath --relative-to="$RUN/deploy" "$REPO/deployments")" <<EOF

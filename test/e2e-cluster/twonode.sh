@@ -184,9 +184,7 @@ tn_deploy() {
 	local dir=$RUN/deploy-nodes HOST=$NODE_HOST
 	# The same overlay as the one-node phase's (checks.sh), on $NODE_HOST.
 	local host_volumes
-	host_volumes=$(kubectl kustomize "$REPO/deployments" | kubectl create --dry-run=client -o json -f - |
-		jq -s -c --arg h "$HOST" '[.[] | select(.kind == "DaemonSet") | .spec.template.spec.volumes[]
-			| select(.hostPath.path // "" | test("^/(sys|dev)(/|$)")) | {name, hostPath: {path: ($h + .hostPath.path)}}]')
+	host_volumes=$(host_volumes "$HOST")
 	write_overlay "$RUN/deploy-nodes-base" "$(realpath --relative-to="$RUN/deploy-nodes-base" "$REPO/deployments")" <<EOF
 images:
   - name: ghcr.io/fastpath-k8s/fastpath
