@@ -37,9 +37,6 @@ type benchTimes struct{ version, add, del, addDel []float64 }
 func benchChecks() []check {
 	return []check{
 		{"bench/cni-add-del", func(g *guest) error {
-			if err := g.needs("setup/pfs"); err != nil {
-				return err
-			}
 			ents, err := os.ReadDir(benchDir)
 			if err != nil || len(ents) == 0 {
 				return fmt.Errorf("no builds in %s (E2E_KERNEL_BENCH_BINS): %v", benchDir, err)
@@ -54,10 +51,7 @@ func benchChecks() []check {
 					return fmt.Errorf("E2E_KERNEL_BENCH_ROUNDS %q: want a positive number", s)
 				}
 			}
-			if err := g.cniState(); err != nil {
-				return fmt.Errorf("harness: %w", err)
-			}
-			v, err := g.newVF(g.wireA, 0)
+			v, err := g.cniVF(g.wireA, 0)
 			if err != nil {
 				return err
 			}

@@ -216,13 +216,7 @@ func cniChecks() []check {
 			return g.refused("min_tx_rate", map[string]any{"min_tx_rate": 10, "max_tx_rate": 100, "vlan": 100})
 		}},
 		{"cni/pod-netns-deleted-before-del", func(g *guest) error {
-			if err := g.needs("setup/pfs"); err != nil {
-				return err
-			}
-			if err := g.cniState(); err != nil {
-				return fmt.Errorf("harness: %w", err)
-			}
-			v, err := g.newVF(g.wireA, 1)
+			v, err := g.cniVF(g.wireA, 1)
 			if err != nil {
 				return err
 			}
@@ -258,13 +252,7 @@ func cniChecks() []check {
 // sets the MAC on the PF and then on the netdev fails here; the netdev has
 // to take the MAC from its PF (a VF reset) instead.
 func (g *guest) addMAC(extra map[string]any) error {
-	if err := g.needs("setup/pfs"); err != nil {
-		return err
-	}
-	if err := g.cniState(); err != nil {
-		return fmt.Errorf("harness: %w", err)
-	}
-	v, err := g.newVF(g.wireA, 1)
+	v, err := g.cniVF(g.wireA, 1)
 	if err != nil {
 		return err
 	}
@@ -296,13 +284,7 @@ func (g *guest) addMAC(extra map[string]any) error {
 // refused checks that ADD with a setting igb refuses fails naming the
 // setting and the driver's answer, and changes nothing.
 func (g *guest) refused(setting string, extra map[string]any) error {
-	if err := g.needs("setup/pfs"); err != nil {
-		return err
-	}
-	if err := g.cniState(); err != nil {
-		return fmt.Errorf("harness: %w", err)
-	}
-	v, err := g.newVF(g.wireA, 1)
+	v, err := g.cniVF(g.wireA, 1)
 	if err != nil {
 		return err
 	}

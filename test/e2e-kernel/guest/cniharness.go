@@ -73,6 +73,18 @@ func (v *vf) home() string {
 	return strings.Join(why, "; ")
 }
 
+// cniVF readies the node for a CNI check (cniState) and returns VF idx of
+// p as it is then; it fails when setup/pfs did.
+func (g *guest) cniVF(p *pf, idx int) (*vf, error) {
+	if err := g.needs("setup/pfs"); err != nil {
+		return nil, err
+	}
+	if err := g.cniState(); err != nil {
+		return nil, fmt.Errorf("harness: %w", err)
+	}
+	return g.newVF(p, idx)
+}
+
 func (g *guest) newVF(p *pf, idx int) (*vf, error) {
 	vfs := vfsOf(p.addr)
 	if idx >= len(vfs) {

@@ -130,13 +130,7 @@ func (g *guest) killSeries(v *vf, c map[string]any, what string, span time.Durat
 // its DEL) with vlan alone, and the check fails saying that the mac part
 // could not be covered.
 func (g *guest) killLoop(what string, n, extra int) error {
-	if err := g.needs("setup/pfs"); err != nil {
-		return err
-	}
-	if err := g.cniState(); err != nil {
-		return fmt.Errorf("harness: %w", err)
-	}
-	v, err := g.newVF(g.wireA, 0)
+	v, err := g.cniVF(g.wireA, 0)
 	if err != nil {
 		return err
 	}
