@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // RequireRoot skips the test unless it runs as root; why says what the test
@@ -49,6 +50,23 @@ func Netns(tb testing.TB, prefix string) (name, path string) {
 	}
 	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	return name, NetnsDir + "/" + name
+}
+
+// PinnedNetns binds a new network namespace to the file path, as older
+// versions of fastpath's CNI pinned the temporary namespace of each move
+// (a new file, the namespace bind-mounted on it): what such a version
+// left behind, for the tests of its clean-up. The mount is undone, if it
+// is still there, when the test ends. Needs root.
+func PinnedNetns(tb testing.TB, path string) {
+	tb.Helper()
+	_, ns := Netns(tb, "fp-pin-")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := unix.Mount(ns, path, "", unix.MS_BIND, ""); err != nil {
+		tb.Fatalf("bind-mount %s on %s: %v", ns, path, err)
+	}
+	tb.Cleanup(func() { _ = unix.Unmount(path, unix.MNT_DETACH) })
 }
 
 // StandIn creates a veth named name standing in for a VF netdev, in the

@@ -19,9 +19,9 @@
 // against 71-74 ms on the host, 293 against 250 ms in the real-kernel guest
 // (docs/benchmarks.md, "The CNI binary and its ADD+DEL").
 //
-// A namespace can be pinned to a file (Pin), so that it outlives every
-// process that has it open; fastpath's CNI still opens and releases (Unpin)
-// those its older versions pinned for a move and left behind.
+// Older versions of fastpath's CNI bound each move's temporary namespace
+// to a file, so that it outlived a killed process; the CNI still opens
+// those it finds (Open, Links) and releases them (Unpin).
 //
 // Linux only.
 package netns

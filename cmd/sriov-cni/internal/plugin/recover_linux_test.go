@@ -100,7 +100,9 @@ func delFromTemporaryNetns(t *testing.T, renamed bool) {
 	e.p.failpoint = nil
 	// Put the netdev where a kill inside an older version's move left it.
 	pod := mustOpen(t, e.podNS)
-	via, err := netns.Pin(filepath.Join(e.stateDir, "0000:3b:00.3.netns"))
+	viaPath := filepath.Join(e.stateDir, "0000:3b:00.3.netns")
+	testnet.PinnedNetns(t, viaPath)
+	via, err := netns.Open(viaPath)
 	require.NoError(t, err)
 	l, err := pod.Handle().LinkByName("net1")
 	require.NoError(t, err)
