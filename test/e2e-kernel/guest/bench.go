@@ -6,8 +6,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/fastpath-k8s/fastpath/internal/latency"
 )
 
 // The CNI benchmark (test/e2e-kernel/bench-cni.sh): builds of a CNI
@@ -31,8 +32,8 @@ func benchConf(v *vf, build string) map[string]any {
 	}
 }
 
-// benchTimes are one build's samples, in milliseconds.
-type benchTimes struct{ version, add, del, addDel []float64 }
+// benchTimes are one build's samples.
+type benchTimes struct{ version, add, del, addDel latency.Samples }
 
 func benchChecks() []check {
 	return []check{
@@ -97,7 +98,7 @@ func benchRound(v *vf, build string, t *benchTimes) error {
 	if r := run(time.Minute, []string{"CNI_COMMAND=VERSION"}, `{"cniVersion":"1.0.0"}`, bin); r.err != nil {
 		return fmt.Errorf("%s VERSION: %s", build, r)
 	}
-	t.version = append(t.version, ms(time.Since(t0)))
+	t.version = append(t.version, time.Since(t0))
 	p, err := newPod("bench")
 	if err != nil {
 		return err
@@ -122,18 +123,14 @@ func benchRound(v *vf, build string, t *benchTimes) error {
 	if why := v.home(); why != "" {
 		return fmt.Errorf("%s: after DEL the VF is not back: %s", build, why)
 	}
-	t.add = append(t.add, ms(add))
-	t.del = append(t.del, ms(del))
-	t.addDel = append(t.addDel, ms(add+del))
+	t.add = append(t.add, add)
+	t.del = append(t.del, del)
+	t.addDel = append(t.addDel, add+del)
 	return nil
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// pcts is "p50 / p90" of samples (nearest rank).
-func pcts(s []float64) string {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	at := func(p float64) float64 { return s[int(p*float64(len(s)-1)+0.5)] }
-	return strings.TrimSpace(fmt.Sprintf("%.0f / %.0f", at(0.5), at(0.9)))
+// pcts is "p50 / p90" of samples in milliseconds (nearest rank).
+func pcts(s latency.Samples) string {
+	ms := func(p float64) float64 { return float64(s.Percentile(p).Microseconds()) / 1000 }
+	return fmt.Sprintf("%.0f / %.0f", ms(50), ms(90))
 }
