@@ -60,6 +60,9 @@ type VFDriver interface {
 type Plugin struct {
 	// HostRoot is where sysfs is read ("/" in production).
 	HostRoot string
+	// Node is the node's configuration: paths and checks no conf can
+	// change (nodeconf.go).
+	Node NodeConfig
 	// NewPFLink returns the PF calls over a netlink handle in the host netns.
 	NewPFLink func(h *netlink.Handle) sriov.PFLink
 	// RDMA moves RDMA devices between namespaces.
@@ -95,7 +98,7 @@ func New() *Plugin {
 		root = "/"
 	}
 	p := &Plugin{
-		HostRoot: root, NewPFLink: sriov.NewNetlinkPFLink, RDMA: NewNetlinkRDMA(), NewPodResources: NewKubeletPodResources,
+		HostRoot: root, Node: DefaultNodeConfig(), NewPFLink: sriov.NewNetlinkPFLink, RDMA: NewNetlinkRDMA(), NewPodResources: NewKubeletPodResources,
 		DRASocket: netdata.DefaultSocket, Stdout: os.Stdout, Stderr: os.Stderr,
 	}
 	testBuild(p)
