@@ -27,12 +27,17 @@ import (
 // says, plan (plan.go), journal the plan, apply it step by step.
 func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	ctx := context.Background()
-	c, err := parseConf(args.StdinData)
+	c, err := p.conf(args.StdinData)
 	if err != nil {
 		return err
 	}
 	log, closeLog := p.logger(c, args)
 	defer closeLog()
+	if path := c.RuntimeConfig.CNIDeviceInfoFile; path != "" {
+		if err := checkDeviceInfoPath(p.Node.DeviceInfoDir, path); err != nil {
+			return err
+		}
+	}
 	if err := ifname.Check(args.IfName); err != nil {
 		return invalidEnv("CNI_IFNAME: %v", err)
 	}
@@ -46,7 +51,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	store, err := NewStore(c.StateDir, log)
+	store, err := NewStore(p.Node.StateDir, log)
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
 	}
@@ -273,11 +278,7 @@ func (p *Plugin) apply(ctx context.Context, log *slog.Logger, c *NetConf, args *
 		if err := j.intend("devinfo", func(st *State) { st.DeviceInfoFile = path }); err != nil {
 			return nil, journalErr(vf, err)
 		}
-		err := os.MkdirAll(filepath.Dir(path), 0o755)
-		if err == nil {
-			err = devinfo.Write(path, devinfo.NewPCI(vf, dev.RDMADevice, dev.PFAddress), 0o444)
-		}
-		if err != nil {
+		if err := writeDeviceInfo(p.Node.DeviceInfoDir, path, devinfo.NewPCI(vf, dev.RDMADevice, dev.PFAddress)); err != nil {
 			return nil, fail(types.ErrIOFailure, vf, "write device-info file", err)
 		}
 	}

@@ -19,7 +19,7 @@ import (
 // its MAC and MTU, its addresses and routes, and where the RDMA device is.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
 	ctx := context.Background()
-	c, err := parseConf(args.StdinData)
+	c, err := p.conf(args.StdinData)
 	if err != nil {
 		return err
 	}
@@ -32,7 +32,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return invalidConf("prevResult: %v", err)
 	}
-	store, err := NewStore(c.StateDir, log)
+	store, err := NewStore(p.Node.StateDir, log)
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
 	}
@@ -110,14 +110,14 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 // RDMA subsystem is in exclusive mode.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
 	ctx := context.Background()
-	c, err := parseConf(args.StdinData)
+	c, err := p.conf(args.StdinData)
 	if err != nil {
 		return err
 	}
 	unavailable := func(format string, a ...any) error {
 		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf(format, a...), "")
 	}
-	store, err := NewStore(c.StateDir, nil)
+	store, err := NewStore(p.Node.StateDir, nil)
 	if err != nil {
 		return unavailable("state dir: %v", err)
 	}
@@ -150,13 +150,13 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // collect its own leftovers.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
 	ctx := context.Background()
-	c, err := parseConf(args.StdinData)
+	c, err := p.conf(args.StdinData)
 	if err != nil {
 		return err
 	}
 	log, closeLog := p.logger(c, nil)
 	defer closeLog()
-	store, err := NewStore(c.StateDir, log)
+	store, err := NewStore(p.Node.StateDir, log)
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
 	}

@@ -38,7 +38,7 @@ func (p *Plugin) candidateIDs(ctx context.Context, c *NetConf, args *skel.CmdArg
 	if ns == "" || pod == "" {
 		return nil, invalidEnv("resourceName needs K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS to find the pod's VF")
 	}
-	ids, err := p.NewPodResources(c.PodResourcesSocket).Devices(ctx, ns, pod, c.ResourceName)
+	ids, err := p.NewPodResources(p.Node.PodResourcesSocket).Devices(ctx, ns, pod, c.ResourceName)
 	if err != nil {
 		return nil, fmt.Errorf("ask the kubelet for pod %s/%s's %s: %w", ns, pod, cmp.Or(c.ResourceName, "VFs"), err)
 	}

@@ -32,12 +32,14 @@ type NetConf struct {
 	// ResourceName is the device plugin resource the VF comes from; with
 	// no deviceID, the kubelet's PodResources API says which VF of it the
 	// pod holds.
-	ResourceName       string `json:"resourceName,omitempty"`
+	ResourceName string `json:"resourceName,omitempty"`
+	// PodResourcesSocket, StateDir and DRASocket are the node's
+	// (NodeConfig): a conf may leave them out or spell the node's own
+	// value, which older confs do; any other value is refused
+	// (checkNodePaths). They are never used.
 	PodResourcesSocket string `json:"podResourcesSocket,omitempty"`
 	StateDir           string `json:"stateDir,omitempty"`
-	// DRASocket is the DRA driver's socket for the VF's network data
-	// (dranotify.go); "" is the plugin's default (Plugin.DRASocket).
-	DRASocket string `json:"draSocket,omitempty"`
+	DRASocket          string `json:"draSocket,omitempty"`
 
 	// VF settings, applied on the PF.
 	Vlan      *int   `json:"vlan,omitempty"`
@@ -61,7 +63,9 @@ type NetConf struct {
 	RDMAIsolation bool `json:"rdmaIsolation,omitempty"`
 
 	LogLevel string `json:"logLevel,omitempty"`
-	LogFile  string `json:"logFile,omitempty"`
+	// LogFile is used only inside the node's LogDir (Plugin.logger);
+	// elsewhere it is ignored with a warning.
+	LogFile string `json:"logFile,omitempty"`
 
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
@@ -115,21 +119,6 @@ func parseConf(data []byte) (*NetConf, error) {
 		if err := version.ParsePrevResult(&c.PluginConf); err != nil {
 			return nil, invalidConf("prevResult: %v", err)
 		}
-	}
-	if c.StateDir == "" {
-		c.StateDir = DefaultStateDir
-	}
-	if !filepath.IsAbs(c.StateDir) {
-		return nil, invalidConf("stateDir %q: want an absolute path", c.StateDir)
-	}
-	if c.PodResourcesSocket == "" {
-		c.PodResourcesSocket = DefaultPodResourcesSocket
-	}
-	if !filepath.IsAbs(c.PodResourcesSocket) {
-		return nil, invalidConf("podResourcesSocket %q: want an absolute path", c.PodResourcesSocket)
-	}
-	if c.DRASocket != "" && !filepath.IsAbs(c.DRASocket) {
-		return nil, invalidConf("draSocket %q: want an absolute path", c.DRASocket)
 	}
 	if c.ResourceName != "" && strings.Count(c.ResourceName, "/") != 1 {
 		return nil, invalidConf("resourceName %q: want <prefix>/<name>, e.g. mellanox.com/mlnx_sriov_rdma", c.ResourceName)

@@ -18,8 +18,6 @@ func TestParseConfValid(t *testing.T) {
 		"ipam":{"type":"whereabouts","range":"192.168.100.0/24"}}`))
 	require.NoError(t, err)
 	require.Equal(t, "0000:18:00.1", c.deviceID())
-	require.Equal(t, DefaultStateDir, c.StateDir)
-	require.Equal(t, DefaultPodResourcesSocket, c.PodResourcesSocket)
 	v := c.vf
 	require.Equal(t, 100, *v.Vlan)
 	require.Equal(t, 3, *v.VlanQoS)
@@ -72,9 +70,6 @@ func TestParseConfInvalid(t *testing.T) {
 		{"ib-sriov type", `{"name":"n","type":"ib-sriov"}`, `type "ib-sriov": this plugin is "sriov" (a NetworkAttachmentDefinition written for ib-sriov-cni works with "type": "sriov")`},
 		{"pkey", `{"name":"n","type":"sriov","pkey":"0x8001"}`, `pkey "0x8001": this plugin does not set InfiniBand partition keys`},
 		{"mtu", `{"name":"n","mtu":20}`, "mtu 20: want 68-65535"},
-		{"state dir", `{"name":"n","stateDir":"state"}`, "stateDir \"state\": want an absolute path"},
-		{"socket", `{"name":"n","podResourcesSocket":"kubelet.sock"}`, "podResourcesSocket"},
-		{"dra socket", `{"name":"n","type":"sriov","draSocket":"cni.sock"}`, `draSocket "cni.sock": want an absolute path`},
 		{"resource", `{"name":"n","resourceName":"mlnx_sriov_rdma"}`, "want <prefix>/<name>"},
 		{"devinfo", `{"name":"n","runtimeConfig":{"CNIDeviceInfoFile":"x.json"}}`, "CNIDeviceInfoFile"},
 		{"log level", `{"name":"n","logLevel":"loud"}`, `logLevel "loud"`},

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,7 +36,7 @@ const draNotifyTimeout = 2 * time.Second
 // driver that cannot be told (no socket, a refusal, a timeout) leaves the
 // ADD successful, with a warning on stderr that names the VF and why.
 func (p *Plugin) tellDRA(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, vf string, fromDRA bool, result types.Result) {
-	socket := cmp.Or(c.DRASocket, p.DRASocket)
+	socket := p.Node.DRASocket
 	if socket == "" {
 		return
 	}
@@ -48,7 +47,7 @@ func (p *Plugin) tellDRA(ctx context.Context, log *slog.Logger, c *NetConf, args
 		if _, err := os.Stat(socket); errors.Is(err, fs.ErrNotExist) || ns == "" || pod == "" {
 			return // no DRA driver here, or no pod to ask about
 		}
-		vfs, err := p.NewPodResources(c.PodResourcesSocket).Devices(ctx, ns, pod, "")
+		vfs, err := p.NewPodResources(p.Node.PodResourcesSocket).Devices(ctx, ns, pod, "")
 		if err != nil {
 			p.warnDRA(log, c, vf, args.IfName, fmt.Errorf("cannot tell whether it is a VF of DRA driver %s: %w", DRADriver, err))
 			return

@@ -93,8 +93,10 @@ func TestAddTellsDRADriverTheInterface(t *testing.T) {
 	e.p.NewPodResources = NewKubeletPodResources
 	podres := serveKubelet(t, &kubelet{pods: []*podresourcesapi.PodResources{p}})
 	drv := serveDriver(t)
+	// The sockets are the node's (NodeConfig): conf sets them there.
 	conf := func(socket string, more string) string {
-		return e.conf(`"podResourcesSocket":"` + podres + `","draSocket":"` + socket + `",` + e.hostLocal("10.56.217.0/24", "") + more)
+		e.p.Node.PodResourcesSocket, e.p.Node.DRASocket = podres, socket
+		return e.conf(e.hostLocal("10.56.217.0/24", "") + more)
 	}
 	podNS := e.pod()
 
@@ -117,7 +119,8 @@ func TestAddTellsDRADriverTheInterface(t *testing.T) {
 		drv.mu.Lock()
 		drv.refuse = tc.refuse
 		drv.mu.Unlock()
-		logFile := filepath.Join(t.TempDir(), "sriov.log")
+		e.p.Node.LogDir = t.TempDir()
+		logFile := filepath.Join(e.p.Node.LogDir, "sriov.log")
 		e.addAs(conf(tc.socket, `,"logFile":"`+logFile+`"`), podNS, "c2")
 		// The log goes to the file; stderr (the runtime's log) still has the warning.
 		require.Contains(t, e.log.String(), "sriov: warning: VF "+seedVF+" attached as net1, but the DRA driver was not told its interface", tc.name)
@@ -137,15 +140,20 @@ func TestAddDeviceIDTellsDRAOnlyItsVFs(t *testing.T) {
 	e.standIn("ens1f1v0")
 	drv := serveDriver(t)
 	podNS := e.pod()
+	// The sockets are the node's (NodeConfig): conf sets them there.
 	conf := func(socket, podres string) string {
-		return e.conf(`"deviceID":"` + seedVF + `","podResourcesSocket":"` + podres + `","draSocket":"` + socket + `"`)
+		e.p.Node.DRASocket = socket
+		if podres != "" {
+			e.p.Node.PodResourcesSocket = podres
+		}
+		return e.conf(`"deviceID":"` + seedVF + `"`)
 	}
 	missing := filepath.Join(t.TempDir(), "cni.sock")
 
 	// No driver socket: newEnv's PodResources fails the test if asked.
 	e.addAs(conf(missing, "/nonexistent/kubelet.sock"), podNS, "c1")
 	require.NoError(t, e.del(conf(missing, ""), podNS, "c1", "net1"))
-	e.p.DRASocket = ""
+	e.p.Node.DRASocket = ""
 	e.addAs(e.conf(`"deviceID":"`+seedVF+`"`), podNS, "c1") // no draSocket, no default
 	require.NoError(t, e.del(e.conf(`"deviceID":"`+seedVF+`"`), podNS, "c1", "net1"))
 	require.Empty(t, drv.told())

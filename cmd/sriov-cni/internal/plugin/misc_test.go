@@ -44,6 +44,7 @@ func TestFuncsReturnCNIErrors(t *testing.T) {
 func TestLogFile(t *testing.T) {
 	u := newUnit(t)
 	dir := t.TempDir()
+	u.p.Node.LogDir = dir
 	logFile := filepath.Join(dir, "sriov.log")
 	_, err := u.add(u.conf(`"logLevel":"debug","logFile":"`+logFile+`"`), "c1")
 	require.NoError(t, err)
@@ -56,7 +57,7 @@ func TestLogFile(t *testing.T) {
 	link := filepath.Join(dir, "link.log")
 	require.NoError(t, os.Symlink(target, link))
 	require.NoError(t, u.del(u.conf(`"logLevel":"debug","logFile":"`+link+`"`), "c1"))
-	require.Contains(t, u.log.String(), "logFile unusable; logging to stderr")
+	require.Contains(t, u.log.String(), "logFile ignored; logging to stderr")
 	require.Contains(t, u.log.String(), "msg=detached")
 	_, err = os.Lstat(target)
 	require.ErrorIs(t, err, os.ErrNotExist, "nothing written through the symlink")
@@ -88,6 +89,7 @@ func TestResourceNameWithoutPrivilege(t *testing.T) {
 		podWith("default", "liar", &podresourcesapi.ContainerDevices{ResourceName: "mellanox.com/vfio", DeviceIds: []string{"../../etc"}}),
 	}})
 	u.p.NewPodResources = NewKubeletPodResources
+	u.p.Node.PodResourcesSocket = sock // the conf spells the node's: accepted
 	conf := `{"cniVersion":"1.1.0","name":"rdma-net","type":"sriov","stateDir":"` + u.stateDir + `","resourceName":"mellanox.com/vfio","podResourcesSocket":"` + sock + `"}`
 	a := u.args(conf, "c1")
 	a.Args = "K8S_POD_NAMESPACE=default;K8S_POD_NAME=trainer-0"

@@ -28,9 +28,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
-	"github.com/fastpath-k8s/fastpath/internal/netdata"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
@@ -69,10 +67,6 @@ type Plugin struct {
 	RDMA RDMA
 	// NewPodResources returns a client of the kubelet's PodResources API.
 	NewPodResources func(socket string) PodResources
-	// DRASocket is fastpath's DRA driver's socket for the network data of
-	// the VFs it prepared (dranotify.go) when the conf names none; ""
-	// tells it nothing.
-	DRASocket string
 	// NetdevPCI, when set, says which PCI device a netdev is (its PCI
 	// address, or ""); nil reads the kernel's IFLA_PARENT_DEV_NAME. Tests
 	// set it for the veth links that stand in for VFs.
@@ -89,17 +83,26 @@ type Plugin struct {
 	// failpoint is called at each step boundary of ADD and teardown; only
 	// test builds set it (testBuild).
 	failpoint func(name string)
+	// nodeFile is the node config's file, for errors that tell the node's
+	// admin where to change a path ("" is DefaultNodeConfigPath); nodeErr
+	// is why it could not be loaded, which every command returns.
+	nodeFile string
+	nodeErr  error
 }
 
-// New returns the plugin with the real kernel and kubelet behind it.
+// New returns the plugin with the real kernel and kubelet behind it and
+// the node's configuration (LoadNodeConfig). A node config that cannot be
+// loaded is not fatal here: every command returns why (ready), so that
+// the runtime shows it.
 func New() *Plugin {
 	root := os.Getenv(HostRootEnv)
 	if root == "" {
 		root = "/"
 	}
+	node, file, err := LoadNodeConfig(os.Getenv)
 	p := &Plugin{
-		HostRoot: root, Node: DefaultNodeConfig(), NewPFLink: sriov.NewNetlinkPFLink, RDMA: NewNetlinkRDMA(), NewPodResources: NewKubeletPodResources,
-		DRASocket: netdata.DefaultSocket, Stdout: os.Stdout, Stderr: os.Stderr,
+		HostRoot: root, Node: node, NewPFLink: sriov.NewNetlinkPFLink, RDMA: NewNetlinkRDMA(), NewPodResources: NewKubeletPodResources,
+		Stdout: os.Stdout, Stderr: os.Stderr, nodeFile: file, nodeErr: err,
 	}
 	testBuild(p)
 	return p
@@ -118,15 +121,42 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: wrap(p.Add), Del: wrap(p.Del), Check: wrap(p.Check), Status: wrap(p.Status), GC: wrap(p.GC)}
 }
 
+// ready returns why the plugin cannot serve a command on this node: its
+// node config could not be loaded, or is not valid. Every command asks
+// first, before it reads its conf. A DEL fails too: it cannot know the
+// state dir, and the runtime retries a failed DEL until it succeeds, so
+// the VF is released once the node's admin fixes the file instead of
+// leaking with its state.
+func (p *Plugin) ready() error {
+	if p.nodeErr != nil {
+		return p.nodeErr
+	}
+	if err := p.Node.validate(); err != nil {
+		return nodeConfigError(p.nodeConfigFile(), err)
+	}
+	return nil
+}
+
+// nodeConfigFile is where the node's admin changes the node config.
+func (p *Plugin) nodeConfigFile() string {
+	if p.nodeFile != "" {
+		return p.nodeFile
+	}
+	return DefaultNodeConfigPath
+}
+
 func (p *Plugin) point(name string) {
 	if p.failpoint != nil {
 		p.failpoint(name)
 	}
 }
 
-// logger logs to Stderr, or to the conf's logFile, at the conf's level. A
-// logFile that cannot be opened (or is a symlink: it is never followed) is
-// reported on Stderr, which then takes the log.
+// logger logs to Stderr, or to the conf's logFile, at the conf's level.
+// A logFile is used only where the node's admin allows logs: a file in
+// Node.LogDir or below it, reached without following a symlink and
+// without creating a directory (openLogFile). Any other logFile, or one
+// that cannot be opened, is ignored with a warning on Stderr, which then
+// takes the log, and is cleared from c (the log is not in a file).
 func (p *Plugin) logger(c *NetConf, args *skel.CmdArgs) (*slog.Logger, func()) {
 	var level slog.Level
 	if c != nil {
@@ -137,12 +167,15 @@ func (p *Plugin) logger(c *NetConf, args *skel.CmdArgs) (*slog.Logger, func()) {
 		w = io.Discard
 	}
 	var fileErr error
+	var logFile string
 	if c != nil && c.LogFile != "" {
-		f, err := os.OpenFile(c.LogFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
+		logFile = c.LogFile
+		f, err := openLogFile(p.Node.LogDir, c.LogFile)
 		if err == nil {
 			w, closeFn = f, func() { f.Close() }
 		} else {
 			fileErr = err
+			c.LogFile = ""
 		}
 	}
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})).With("plugin", "sriov")
@@ -150,7 +183,7 @@ func (p *Plugin) logger(c *NetConf, args *skel.CmdArgs) (*slog.Logger, func()) {
 		log = log.With("container", shortID(args.ContainerID), "ifname", args.IfName)
 	}
 	if fileErr != nil {
-		log.Warn("logFile unusable; logging to stderr", "logFile", c.LogFile, "err", fileErr)
+		log.Warn("logFile ignored; logging to stderr", "logFile", logFile, "err", fileErr)
 	}
 	return log, closeFn
 }

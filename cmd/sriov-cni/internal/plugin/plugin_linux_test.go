@@ -74,6 +74,7 @@ func newEnv(t *testing.T, fixture string) *env {
 	e.stateDir, e.ipamDir = filepath.Join(dir, "state"), filepath.Join(dir, "ipam")
 	e.p = &Plugin{
 		HostRoot:  fixtureRoot(fixture),
+		Node:      testNode(e.stateDir, filepath.Join(dir, "devinfo")),
 		NewPFLink: func(*netlink.Handle) sriov.PFLink { return e.pf },
 		RDMA:      e.rdma,
 		NewPodResources: func(string) PodResources {
@@ -568,9 +569,11 @@ func TestStatus(t *testing.T) {
 
 	file := filepath.Join(t.TempDir(), "file")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
-	err := e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(
-		fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","type":"sriov","stateDir":%q}`, filepath.Join(file, "state")))})
+	node := e.p.Node
+	e.p.Node.StateDir = filepath.Join(file, "state")
+	err := e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(`{"cniVersion":"1.1.0","name":"n","type":"sriov"}`)})
 	require.Equal(t, types.ErrPluginNotAvailable, CNIError(err).Code)
+	e.p.Node = node
 
 	err = e.p.Status(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(e.conf(`"ipam":{"type":"no-such-ipam"}`))})
 	require.Equal(t, types.ErrPluginNotAvailable, CNIError(err).Code)

@@ -72,6 +72,7 @@ func TestAddResolvesVFThroughPodResources(t *testing.T) {
 		podWith("default", "no-vf"),
 	}})
 	e.p.NewPodResources = NewKubeletPodResources
+	e.p.Node.PodResourcesSocket = sock
 	conf := e.conf(`"resourceName":"mellanox.com/rails","podResourcesSocket":"` + sock + `"`)
 	podNS := e.pod()
 
@@ -161,6 +162,7 @@ func TestAddResolvesDRAVFWithoutResourceName(t *testing.T) {
 	p.Containers[1].DynamicResources = []*podresourcesapi.DynamicResource{dra("nccl-seed-extended-resources-abcde", "0000:3b:01.2")}
 	sock := serveKubelet(t, &kubelet{pods: []*podresourcesapi.PodResources{p}})
 	e.p.NewPodResources = NewKubeletPodResources
+	e.p.Node.PodResourcesSocket = sock
 	conf := e.conf(`"podResourcesSocket":"` + sock + `"`)
 	podNS := e.pod()
 	args := e.args(conf, podNS, "c1", "net1")

@@ -265,8 +265,10 @@ func TestMACsComeBackOnIgbvfAndMlx5(t *testing.T) {
 			require.NoError(t, e.del(conf, podNS, "c1", "net1"))
 		}},
 		{"ADD fails after the move, then DEL", func(t *testing.T, e *env, _, podNS string) {
+			// The node's device-info dir is a file: the write fails.
 			notDir := filepath.Join(t.TempDir(), "file")
 			require.NoError(t, os.WriteFile(notDir, nil, 0o600))
+			e.p.Node.DeviceInfoDir = notDir
 			conf := e.conf(`"deviceID":"0000:3b:00.2","vlan":100,"mac":"` + podMAC + `",` +
 				`"runtimeConfig":{"CNIDeviceInfoFile":"` + filepath.Join(notDir, "c1.json") + `"},` + e.hostLocal("10.88.0.0/24", ""))
 			_, err := e.add(conf, podNS, "c1", "net1")

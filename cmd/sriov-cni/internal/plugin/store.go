@@ -40,10 +40,28 @@ type Store struct {
 	log *slog.Logger
 }
 
-// NewStore creates dir (0700) when needed.
+// NewStore creates dir (0700) when needed, and refuses a dir that is not
+// the plugin's alone: a symlink (not followed), not a directory, not owned
+// by the user the plugin runs as (root), or writable by group or others.
+// Its files steer what the plugin changes on the node, so a directory
+// anyone else can write (a pod's emptyDir, /tmp) is never one. Every
+// command opens its store once, so this is checked once per command.
 func NewStore(dir string, log *slog.Logger) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", dir, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("state dir %s: %w", dir, err)
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return nil, fmt.Errorf("state dir %s is a symlink, which is not followed: the state dir must be a directory only root can write (remove the link, or set stateDir in the node config)", dir)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("state dir %s is not a directory (%s)", dir, fi.Mode().Type())
+	}
+	if err := ownedByPlugin(fi); err != nil {
+		return nil, fmt.Errorf("state dir %s refused: %w; the state dir must be a directory only root can write", dir, err)
 	}
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))

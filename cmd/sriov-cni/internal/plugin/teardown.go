@@ -2,20 +2,16 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"golang.org/x/sys/unix"
 
-	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
@@ -24,6 +20,9 @@ import (
 // Del detaches: restores the VF and releases its address.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	ctx := context.Background()
+	if err := p.ready(); err != nil {
+		return err
+	}
 	c, err := parseConf(args.StdinData)
 	if err != nil {
 		// ADD refused this conf before changing anything: nothing to undo.
@@ -34,7 +33,17 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	log, closeLog := p.logger(c, args)
 	defer closeLog()
-	store, err := NewStore(c.StateDir, log)
+	if err := p.checkNodePaths(c); err != nil {
+		// ADD refused this conf, but the runtime's DEL must not fail
+		// forever: DEL goes on with the node's paths (every one it uses
+		// is the node's), which hold nothing of this conf's if ADD
+		// refused it, and the attachment if it did not.
+		log.Warn("DEL of a conf that names the node's paths; they are ignored", "err", err)
+		if _, ok := relBeneath(p.Node.DeviceInfoDir, c.RuntimeConfig.CNIDeviceInfoFile); !ok {
+			c.RuntimeConfig.CNIDeviceInfoFile = ""
+		}
+	}
+	store, err := NewStore(p.Node.StateDir, log)
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
 	}
@@ -246,7 +255,7 @@ func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, s
 	}
 	p.point("teardown:devinfo")
 	if st.DeviceInfoFile != "" {
-		if err := removeDeviceInfo(log, st.DeviceInfoFile, st.PCIAddress); err != nil {
+		if err := removeDeviceInfo(log, p.Node.DeviceInfoDir, st.DeviceInfoFile, st.PCIAddress); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -300,37 +309,4 @@ func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, s
 		restoreErr = fail(0, st.PCIAddress, "restore", errors.Join(errs...))
 	}
 	return restoreErr, ipamErr
-}
-
-// removeDeviceInfo removes the device-info file at path while it still
-// names vf (anything else there is not this attachment's to remove), and
-// the temporaries of a write killed half-way.
-func removeDeviceInfo(log *slog.Logger, path, vf string) error {
-	dir, base := filepath.Dir(path), filepath.Base(path)
-	if ents, err := os.ReadDir(dir); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), "."+base+".tmp-") {
-				_ = os.Remove(filepath.Join(dir, e.Name()))
-			}
-		}
-	}
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		log.Warn("device-info file left: not one this plugin wrote", "path", path, "err", err)
-		return nil
-	}
-	var info devinfo.Info
-	derr := json.NewDecoder(f).Decode(&info)
-	f.Close()
-	if derr != nil || info.PCI == nil || info.PCI.PCIAddress != vf {
-		log.Warn("device-info file left: it does not name this VF", "path", path)
-		return nil
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove device-info file: %w", err)
-	}
-	return nil
 }

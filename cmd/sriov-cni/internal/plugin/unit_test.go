@@ -56,6 +56,7 @@ func newUnit(t *testing.T) *unit {
 	require.NoError(t, os.WriteFile(u.netns, nil, 0o600))
 	u.p = &Plugin{
 		HostRoot:        fixtureRoot("edge"),
+		Node:            testNode(u.stateDir, u.devinfoDir),
 		NewPFLink:       func(*netlink.Handle) sriov.PFLink { return u.pf },
 		RDMA:            u.rdma,
 		NewPodResources: func(string) PodResources { t.Fatal("PodResources asked"); return nil },
@@ -67,6 +68,15 @@ func newUnit(t *testing.T) *unit {
 		}
 	})
 	return u
+}
+
+// testNode is the node config of a test: its state dir and device-info
+// dir, no log dir, no DRA driver, the kubelet's default PodResources
+// socket (a test that serves one sets its own) and deviceID trusted, as
+// before the node had a config.
+func testNode(stateDir, devinfoDir string) NodeConfig {
+	return NodeConfig{StateDir: stateDir, DeviceInfoDir: devinfoDir, PodResourcesSocket: DefaultPodResourcesSocket,
+		DeviceIDCheck: DeviceIDCheckOff}
 }
 
 // conf is a network conf on the vfio VF with host-local IPAM and a
