@@ -66,9 +66,23 @@ func newHost(tb testing.TB) *host {
 	// libcni runs plugins with this process's environment, as runtimes do.
 	tb.Setenv(plugin.HostRootEnv, root)
 	dir := tb.TempDir()
+	setNodeConfig(tb, dir, filepath.Join(dir, "state"))
 	// An explicit exec: libcni sets its default lazily, racing concurrent calls.
 	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
 	return &host{tb: tb, dir: dir, cni: libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cache"), exec)}
+}
+
+// setNodeConfig writes the node config (owned by this test's user, mode
+// 0644, as the plugin requires) with stateDir and the other paths under
+// dir, no DRA driver and deviceID trusted (no kubelet answers), and names
+// it in the environment the plugin runs with.
+func setNodeConfig(tb testing.TB, dir, stateDir string) {
+	tb.Helper()
+	data := fmt.Sprintf(`{"stateDir":%q,"podResourcesSocket":%q,"deviceInfoDir":%q,"draSocket":"","deviceIDCheck":%q}`,
+		stateDir, filepath.Join(dir, "kubelet.sock"), filepath.Join(dir, "devinfo"), plugin.DeviceIDCheckOff)
+	path := filepath.Join(dir, "node.json")
+	require.NoError(tb, os.WriteFile(path, []byte(data), 0o644))
+	tb.Setenv(plugin.NodeConfigEnv, path)
 }
 
 func (h *host) standIn(name string) netlink.Link {
@@ -148,6 +162,7 @@ func TestBinaryVersions(t *testing.T) {
 	require.NoError(t, err)
 	require.ElementsMatch(t, version.All.SupportedVersions(), info.SupportedVersions())
 	state := t.TempDir()
+	setNodeConfig(t, t.TempDir(), state)
 	for _, v := range version.All.SupportedVersions() {
 		t.Run(v, func(t *testing.T) {
 			conf := []byte(fmt.Sprintf(`{"cniVersion":%q,"name":"rdma","type":"sriov","deviceID":"0000:18:00.1","stateDir":%q}`, v, state))

@@ -63,7 +63,7 @@ var ErrNoSocket = errors.New("no DRA driver socket")
 // A refusal is an error with the driver's reason; ctx bounds the call.
 func Send(ctx context.Context, socket string, req Request) (*Response, error) {
 	if _, err := os.Stat(socket); errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s does not exist (is the DRA driver running on this node? set draSocket if it listens elsewhere)", ErrNoSocket, socket)
+		return nil, fmt.Errorf("%w: %s does not exist (is the DRA driver running on this node? if it listens elsewhere, set draSocket in the sriov CNI's node config, /etc/cni/net.d/fastpath.d/sriov.json)", ErrNoSocket, socket)
 	}
 	body, err := json.Marshal(req)
 	if err != nil {

@@ -245,10 +245,17 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 		l, _ := netlink.LinkByName(name)
 		fmt.Fprintf(d.out, "  stand-in for VF %s: %s (MAC %s)\n", id, name, l.Attrs().HardwareAddr)
 	}
-	stateDir := filepath.Join(d.work, "cni-state")
+	// The CNI's paths are the node's (its node config, root's, named in
+	// FASTPATH_CNI_NODE_CONFIG), not the network's; no kubelet answers
+	// PodResources here, so deviceID is trusted.
+	stateDir, nodeConf := filepath.Join(d.work, "cni-state"), filepath.Join(d.work, "cni-node.json")
+	if err := os.WriteFile(nodeConf, []byte(fmt.Sprintf(`{"stateDir":%q,"deviceInfoDir":%q,"draSocket":"","deviceIDCheck":"off"}`,
+		stateDir, devinfoDir)), 0o644); err != nil {
+		return err
+	}
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"sriov-rdma","plugins":[{"type":"sriov","capabilities":{"deviceID":true},`+
-		`"stateDir":%q,"logLevel":"warn","ipam":{"type":"host-local","ranges":[[{"subnet":"192.168.100.0/24"}]],"dataDir":%q}}]}`,
-		stateDir, filepath.Join(d.work, "ipam"))
+		`"logLevel":"warn","ipam":{"type":"host-local","ranges":[[{"subnet":"192.168.100.0/24"}]],"dataDir":%q}}]}`,
+		filepath.Join(d.work, "ipam"))
 	netList, err := libcni.ConfListFromBytes([]byte(conf))
 	if err != nil {
 		return err
@@ -256,6 +263,7 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 	cni := libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(d.work, "cni-cache"),
 		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}})
 	os.Setenv("FASTPATH_HOST_ROOT", hostRoot) // the CNI reads the fixture's sysfs
+	os.Setenv("FASTPATH_CNI_NODE_CONFIG", nodeConf)
 	rts := make([]*libcni.RuntimeConf, len(chosen))
 	for i, id := range chosen {
 		// As Multus does: the VF the device plugin allocated, as deviceID.

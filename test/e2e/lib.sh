@@ -293,11 +293,13 @@ state = "$C/state"
 EOF
 	# containerd hands its environment to the CNI plugins it runs: that is
 	# how our sriov plugin reads the fixture's sysfs instead of the host's
-	# (FASTPATH_HOST_ROOT, the one knob the node side needs). It finds
-	# containerd-shim-runc-v2 through PATH.
+	# (FASTPATH_HOST_ROOT), and the sriov plugin's node config where the
+	# caller set FASTPATH_CNI_NODE_CONFIG (test/e2e; e2e-cluster's nodes
+	# use the default paths). It finds containerd-shim-runc-v2 through PATH.
 	# make e2e-cluster's namespaced nodes name their own process
 	# (CTRD_PROC) and start it inside the node (NODE_EXEC, nsenter).
 	start "${CTRD_PROC:-containerd}" ${NODE_EXEC[@]+"${NODE_EXEC[@]}"} env PATH="$WORK/bin:$PATH" FASTPATH_HOST_ROOT="$HOST" \
+		${FASTPATH_CNI_NODE_CONFIG:+FASTPATH_CNI_NODE_CONFIG="$FASTPATH_CNI_NODE_CONFIG"} \
 		"$WORK/bin/containerd" --config "$C/config.toml" --log-level info
 	require "containerd answers on its socket" 30 ctr version
 }

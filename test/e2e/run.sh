@@ -163,10 +163,18 @@ write_cni_conf() {
 		ln -s "$WORK/bin/sriov" "$RUN/cni/bin/sriov"
 		# No rdmaIsolation: this kernel has no RDMA netlink (no RDMA devices),
 		# the plugin can only log that it could not move the RDMA device.
+		# The plugin's paths are the node's, not the network's: its node
+		# config (root's, 0644), which containerd's environment names
+		# (start_containerd_with passes FASTPATH_CNI_NODE_CONFIG on). The
+		# kubelet answers PodResources at $PODRES_SOCK; no DRA driver.
+		FASTPATH_CNI_NODE_CONFIG=$RUN/cni/sriov-node.json
+		cat >"$FASTPATH_CNI_NODE_CONFIG" <<EOF
+{"stateDir":"$CNI_STATE","logDir":"$RUN/logs","podResourcesSocket":"$PODRES_SOCK","draSocket":""}
+EOF
+		chmod 0644 "$FASTPATH_CNI_NODE_CONFIG"
 		cat >"$RUN/cni/net.d/10-$CNI_NET.conflist" <<EOF
 {"cniVersion":"1.0.0","name":"$CNI_NET","plugins":[
   {"type":"sriov","resourceName":"$RESOURCE",
-   "podResourcesSocket":"$PODRES_SOCK","stateDir":"$CNI_STATE",
    "logFile":"$RUN/logs/sriov-cni.log","logLevel":"debug",
    "ipam":{"type":"host-local","ranges":[[{"subnet":"$CNI_SUBNET"}]],"dataDir":"$CNI_IPAM"}}]}
 EOF

@@ -18,8 +18,12 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 
-// hostRootEnv is the sriov CNI's sysfs root (plugin.HostRootEnv).
-const hostRootEnv = "FASTPATH_HOST_ROOT"
+// hostRootEnv is the sriov CNI's sysfs root (plugin.HostRootEnv);
+// nodeConfigEnv names its node config (plugin.NodeConfigEnv).
+const (
+	hostRootEnv   = "FASTPATH_HOST_ROOT"
+	nodeConfigEnv = "FASTPATH_CNI_NODE_CONFIG"
+)
 
 // cniNet is the sriov CNI with the reference host-local IPAM, driven
 // through libcni as a runtime drives it (the demo's way).
@@ -31,18 +35,32 @@ type cniNet struct {
 	stderr   bytes.Buffer // the plugins' log
 }
 
-// newCNI writes nothing: the plugins make their directories below work.
-// The CNI reads sysfs under host, which it takes from the environment
-// (FASTPATH_HOST_ROOT, as a runtime passes its own on): the check's
+// newCNI writes the CNI's node config, work/cni-node.json (its state
+// dir below work, its device-info dir too, no DRA driver, deviceID
+// trusted: no kubelet answers PodResources); the plugins make their
+// directories below work. The CNI reads sysfs under host and its node
+// config from the environment (FASTPATH_HOST_ROOT,
+// FASTPATH_CNI_NODE_CONFIG, as a runtime passes its own on): the check's
 // process environment, which libcni hands the plugins.
 func newCNI(bin, work, host, name, subnet string) (*cniNet, error) {
+	n := &cniNet{stateDir: filepath.Join(work, "cni-state"), ipamDir: filepath.Join(work, "ipam")}
+	node := filepath.Join(work, "cni-node.json")
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(node, []byte(fmt.Sprintf(`{"stateDir":%q,"deviceInfoDir":%q,"draSocket":"","deviceIDCheck":"off"}`,
+		n.stateDir, filepath.Join(work, "devinfo"))), 0o644); err != nil {
+		return nil, fmt.Errorf("CNI node config: %w", err)
+	}
 	if err := os.Setenv(hostRootEnv, host); err != nil {
 		return nil, err
 	}
-	n := &cniNet{stateDir: filepath.Join(work, "cni-state"), ipamDir: filepath.Join(work, "ipam")}
+	if err := os.Setenv(nodeConfigEnv, node); err != nil {
+		return nil, err
+	}
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"sriov","capabilities":{"deviceID":true},`+
-		`"stateDir":%q,"logLevel":"info","ipam":{"type":"host-local","ranges":[[{"subnet":%q}]],"dataDir":%q}}]}`,
-		name, n.stateDir, subnet, n.ipamDir)
+		`"logLevel":"info","ipam":{"type":"host-local","ranges":[[{"subnet":%q}]],"dataDir":%q}}]}`,
+		name, subnet, n.ipamDir)
 	list, err := libcni.ConfListFromBytes([]byte(conf))
 	if err != nil {
 		return nil, fmt.Errorf("CNI conf %s: %w", name, err)

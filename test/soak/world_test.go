@@ -47,6 +47,7 @@ type world struct {
 	bin                             string
 	dir, stateDir, ipamDir, devinfo string
 	pfDir, rdmaFile                 string
+	nodeConf                        string // the CNI's node config
 	vfs                             []*vf
 	rng                             *rand.Rand
 	mu                              sync.Mutex // guards the fields below
@@ -100,6 +101,12 @@ func newWorld(t *testing.T, seed uint64) *world {
 	// make it read-only (the test runs in a private mount namespace).
 	require.NoError(t, syscall.Mount("soak-state", w.stateDir, "tmpfs", 0, "size=256k,mode=0700"))
 	t.Cleanup(func() { _ = syscall.Unmount(w.stateDir, syscall.MNT_DETACH) })
+
+	// The node's paths are the node config's (FASTPATH_CNI_NODE_CONFIG,
+	// root's, 0644), not the confs'; no kubelet answers PodResources.
+	w.nodeConf = filepath.Join(dir, "node.json")
+	require.NoError(t, os.WriteFile(w.nodeConf, []byte(fmt.Sprintf(
+		`{"stateDir":%q,"deviceInfoDir":%q,"draSocket":"","deviceIDCheck":"off"}`, w.stateDir, w.devinfo)), 0o644))
 
 	w.bin = testbin.Build(t, testbin.HostLocal, testbin.Static)
 	out, err := exec.Command("go", "build", "-buildvcs=false", "-tags", "failpoints", "-o", filepath.Join(w.bin, "sriov"),
@@ -197,7 +204,7 @@ func (w *world) newPod(v *vf, o confOpts) *pod {
 	out, err := exec.Command("ip", "netns", "add", name).CombinedOutput()
 	require.NoError(w.t, err, "%s", out)
 	p := &pod{cid: "c-" + testnet.RandHex(6), ifName: "net1", ns: name, nsPath: testnet.NetnsDir + "/" + name, vf: v}
-	c := map[string]any{"cniVersion": "1.1.0", "name": "soak", "type": "sriov", "deviceID": v.addr, "stateDir": w.stateDir, "logLevel": "debug"}
+	c := map[string]any{"cniVersion": "1.1.0", "name": "soak", "type": "sriov", "deviceID": v.addr, "logLevel": "debug"}
 	if o.settings {
 		c["spoofchk"], c["trust"], c["link_state"], c["min_tx_rate"], c["max_tx_rate"] = "off", "on", "enable", 10, 1000
 		c["mtu"] = 4000
@@ -260,7 +267,7 @@ func (w *world) exec(c call) outcome {
 	cmd := exec.Command(filepath.Join(w.bin, "sriov"))
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "CNI_COMMAND=" + c.cmd, "CNI_CONTAINERID=" + c.p.cid, "CNI_NETNS=" + c.p.nsPath,
 		"CNI_IFNAME=" + c.p.ifName, "CNI_PATH=" + w.bin, "FASTPATH_HOST_ROOT=" + c.p.vf.root,
-		"FASTPATH_FAKE_PF=" + w.pfDir, "FASTPATH_FAKE_RDMA=" + w.rdmaFile}
+		"FASTPATH_FAKE_PF=" + w.pfDir, "FASTPATH_FAKE_RDMA=" + w.rdmaFile, "FASTPATH_CNI_NODE_CONFIG=" + w.nodeConf}
 	if c.failpoint != "" {
 		cmd.Env = append(cmd.Env, "FASTPATH_FAILPOINT="+c.failpoint)
 	}

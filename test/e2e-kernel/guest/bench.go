@@ -22,15 +22,19 @@ const benchDir = "/opt/cni/bench"
 // benchConf is the conf of issue 40's comparison: mac, vlan, spoofchk,
 // trust and static IPAM, and nothing the two plugins read differently.
 // stateDir keeps fastpath's files apart from upstream's (which has no such
-// key and keeps /var/lib/cni/sriov); upstream ignores it.
+// key and keeps /var/lib/cni/sriov); upstream ignores it. fastpath's
+// builds since the node config take it from there (benchRound writes
+// one with the same stateDir) and accept the conf's, equal to it.
 func benchConf(v *vf, build string) map[string]any {
 	return map[string]any{
 		"cniVersion": "1.0.0", "name": cniNet, "type": "sriov",
-		"deviceID": v.addr, "stateDir": "/var/lib/cni/bench-" + build,
+		"deviceID": v.addr, "stateDir": benchStateDir(build),
 		"mac": "52:54:00:be:00:01", "vlan": 200, "spoofchk": "on", "trust": "on",
 		"ipam": map[string]any{"type": "static", "addresses": []map[string]string{{"address": "10.98.0.1/24"}}},
 	}
 }
+
+func benchStateDir(build string) string { return "/var/lib/cni/bench-" + build }
 
 // benchTimes are one build's samples.
 type benchTimes struct{ version, add, del, addDel latency.Samples }
@@ -105,17 +109,24 @@ func benchRound(v *vf, build string, t *benchTimes) error {
 	}
 	defer p.del()
 	c := cniCall{"ADD", "bench", p.path, "net1", benchConf(v, build)}
+	// A build that reads a node config takes its stateDir from there (the
+	// conf's must then equal it); the env's last value wins over c.env's.
+	node := filepath.Join(e2eDir, "bench-node-"+build+".json")
+	if err := writeCNINodeConfig(node, benchStateDir(build)); err != nil {
+		return err
+	}
+	env := func() []string { return append(c.env(), "FASTPATH_CNI_NODE_CONFIG="+node) }
 	t0 = time.Now()
-	r := run(2*time.Minute, c.env(), c.stdin(), bin)
+	r := run(2*time.Minute, env(), c.stdin(), bin)
 	add := time.Since(t0)
 	if r.err != nil {
 		c.command = "DEL"
-		_ = run(2*time.Minute, c.env(), c.stdin(), bin)
+		_ = run(2*time.Minute, env(), c.stdin(), bin)
 		return fmt.Errorf("%s ADD: %s", build, r)
 	}
 	c.command = "DEL"
 	t0 = time.Now()
-	r = run(2*time.Minute, c.env(), c.stdin(), bin)
+	r = run(2*time.Minute, env(), c.stdin(), bin)
 	del := time.Since(t0)
 	if r.err != nil {
 		return fmt.Errorf("%s DEL: %s", build, r)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -13,6 +14,9 @@ const (
 	cniBin  = "/opt/cni/bin/sriov"
 	cniPath = "/opt/cni/bin"
 	cniNet  = "igbnet"
+	// cniNodeConfig is the sriov CNI's node config, which every CNI call
+	// names in FASTPATH_CNI_NODE_CONFIG (writeCNINodeConfig).
+	cniNodeConfig = e2eDir + "/cni-node.json"
 )
 
 // cniState is the node the CNI phase expects (the harness's): wire A
@@ -112,6 +116,9 @@ func cniChecks() []check {
 				return fmt.Errorf("CHECK: %s", r)
 			}
 			return nil
+		}},
+		{"cni/nad-paths-refused", func(g *guest) error {
+			return g.nadPathsRefused()
 		}},
 		{"cni/status", func(g *guest) error {
 			if err := g.needs("setup/pfs"); err != nil {
@@ -309,6 +316,98 @@ func (g *guest) refused(setting string, extra map[string]any) error {
 	// a runtime sends DEL after a failed ADD; nothing must have changed before it
 	if err := homeAndClean(v); err != nil {
 		return fmt.Errorf("after the refused ADD: %w", err)
+	}
+	return nil
+}
+
+// nadPathsRefused is issue 44's findings 1 to 3 on a real kernel: a conf
+// whose stateDir is a directory anyone may write (a pod's emptyDir on
+// the host) holding a planted state and a .netns link to the init netns,
+// a CNIDeviceInfoFile outside the node's device-info directory, a
+// logFile outside the node's logDir. Each ADD is refused (code 7 for the
+// conf's paths; the logFile is ignored, so a bad CNI_IFNAME refuses that
+// one, code 4) and its DEL exits 0, with the VF home, every host link
+// under its name, and the planted directory as it was.
+func (g *guest) nadPathsRefused() error {
+	v, err := g.cniVF(g.wireA, 1)
+	if err != nil {
+		return err
+	}
+	if why := v.home(); why != "" {
+		return fmt.Errorf("harness: VF %s is not home before the check: %s", v.addr, why)
+	}
+	dir, err := os.MkdirTemp("", "emptydir-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	planted := map[string]string{
+		v.addr + ".json": `{"version":2,"phase":"added","pciAddress":"` + v.addr + `","hostName":"dev7","linkMoved":true}`,
+		"victim":         "the node's own file",
+	}
+	for name, data := range planted {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o666); err != nil {
+			return err
+		}
+	}
+	if err := os.Symlink("/proc/1/ns/net", filepath.Join(dir, v.addr+".netns")); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		return err
+	}
+	links := func() string {
+		ents, _ := os.ReadDir("/sys/class/net")
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return strings.Join(names, " ")
+	}
+	linksBefore := links()
+	p, err := newPod("pod-hostile")
+	if err != nil {
+		return err
+	}
+	defer p.del()
+	for _, tc := range []struct {
+		name   string
+		ifname string
+		extra  map[string]any
+		code   int
+	}{
+		{"stateDir in a world-writable dir", "net1", map[string]any{"stateDir": dir}, 7},
+		{"CNIDeviceInfoFile outside the device-info dir", "net1", map[string]any{"runtimeConfig": map[string]any{"CNIDeviceInfoFile": filepath.Join(dir, "victim")}}, 7},
+		{"logFile outside the log dir", "bad/name", map[string]any{"logFile": filepath.Join(dir, "cni.log")}, 4},
+	} {
+		c := conf(v, "", tc.extra)
+		r := cniCall{"ADD", "pod-hostile", p.path, tc.ifname, c}.do()
+		var e struct {
+			Code int `json:"code"`
+		}
+		_ = json.Unmarshal([]byte(r.stdout), &e)
+		if r.err == nil || e.Code != tc.code {
+			_ = cniCall{"DEL", "pod-hostile", p.path, tc.ifname, c}.do()
+			return fmt.Errorf("%s: ADD gave %s; want code %d", tc.name, r, tc.code)
+		}
+		if r := (cniCall{"DEL", "pod-hostile", p.path, tc.ifname, c}).do(); r.err != nil {
+			return fmt.Errorf("%s: DEL of the refused ADD: %s", tc.name, r)
+		}
+		if why := v.home(); why != "" {
+			return fmt.Errorf("%s: the VF is not home: %s", tc.name, why)
+		}
+		if now := links(); now != linksBefore {
+			return fmt.Errorf("%s: host links %s, were %s", tc.name, now, linksBefore)
+		}
+		ents, _ := os.ReadDir(dir)
+		if len(ents) != 3 {
+			return fmt.Errorf("%s: the planted dir holds %d entries, want its 3", tc.name, len(ents))
+		}
+		for name, data := range planted {
+			if b, err := os.ReadFile(filepath.Join(dir, name)); err != nil || string(b) != data {
+				return fmt.Errorf("%s: %s changed: %q, %v", tc.name, name, b, err)
+			}
+		}
 	}
 	return nil
 }

@@ -111,7 +111,7 @@ type cniCall struct {
 func (c cniCall) env() []string {
 	return []string{
 		"CNI_COMMAND=" + c.command, "CNI_CONTAINERID=" + c.containerID, "CNI_NETNS=" + c.netns,
-		"CNI_IFNAME=" + c.ifname, "CNI_PATH=" + cniPath,
+		"CNI_IFNAME=" + c.ifname, "CNI_PATH=" + cniPath, "FASTPATH_CNI_NODE_CONFIG=" + cniNodeConfig,
 		"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=team;K8S_POD_NAME=" + c.containerID + ";K8S_POD_INFRA_CONTAINER_ID=" + c.containerID,
 	}
 }
@@ -134,6 +134,18 @@ func (c cniCall) start() (*exec.Cmd, error) {
 	cmd.Env = append(os.Environ(), c.env()...)
 	cmd.Stdin = strings.NewReader(c.stdin())
 	return cmd, cmd.Start()
+}
+
+// writeCNINodeConfig writes the sriov CNI's node config at path (root's,
+// 0644, as the CNI requires): its state dir, the harness's log dir (the
+// confs' logFile is in it), no DRA driver, and deviceID trusted: no
+// kubelet answers PodResources while the CNI checks run.
+func writeCNINodeConfig(path, stateDir string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	data := fmt.Sprintf(`{"stateDir":%q,"logDir":"/tmp/e2e-logs","draSocket":"","deviceIDCheck":"off"}`, stateDir)
+	return os.WriteFile(path, []byte(data), 0o644)
 }
 
 // conf is the network's conf for a VF; extra adds or overrides keys.

@@ -64,6 +64,10 @@ func main() {
 	}
 	g := &guest{ctx: context.Background(), out: *out, logs: "/tmp/e2e-logs", failed: map[string]bool{}}
 	_ = os.MkdirAll(g.logs, 0o755)
+	if err := writeCNINodeConfig(cniNodeConfig, cniStateDir); err != nil {
+		fmt.Fprintln(os.Stderr, "guest: the CNI's node config:", err)
+		os.Exit(2)
+	}
 	failed := 0
 	t0 := time.Now()
 	for _, c := range checks() {

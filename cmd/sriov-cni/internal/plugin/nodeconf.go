@@ -29,6 +29,10 @@ const NodeConfigEnv = "FASTPATH_CNI_NODE_CONFIG"
 // the directory's own files, so it is never taken for a network.
 const DefaultNodeConfigPath = "/etc/cni/net.d/fastpath.d/sriov.json"
 
+// DefaultDeviceInfoDir is Multus's directory of the device-info files of
+// CNIs (NodeConfig.DeviceInfoDir).
+const DefaultDeviceInfoDir = "/var/run/k8s.cni.cncf.io/devinfo/cni"
+
 // DeviceIDCheck values: whether ADD checks that the pod holds the VF a
 // conf's deviceID names.
 const (
@@ -57,8 +61,13 @@ type NodeConfig struct {
 	// DRASocket is fastpath's DRA driver's socket for the network data of
 	// the VFs it prepared; "" tells it nothing.
 	DRASocket string `json:"draSocket,omitempty"`
-	// DeviceInfoDir is Multus's device-info directory: the only place a
-	// runtimeConfig.CNIDeviceInfoFile may be written.
+	// DeviceInfoDir is Multus's directory of the device-info files it
+	// asks CNIs for: the only place a runtimeConfig.CNIDeviceInfoFile may
+	// be written, or removed. Multus v4.3.0 names them
+	// /var/run/k8s.cni.cncf.io/devinfo/cni/<network>-<containerID>_<ifname>
+	// (network-attachment-definition-client v1.7.6,
+	// GetCNIDeviceInfoPath); the device plugins' files are beside it, in
+	// devinfo/dp, out of a conf's reach.
 	DeviceInfoDir string `json:"deviceInfoDir,omitempty"`
 	// DeviceIDCheck is DeviceIDCheckPodResources or DeviceIDCheckOff.
 	DeviceIDCheck string `json:"deviceIDCheck,omitempty"`
@@ -71,7 +80,7 @@ func DefaultNodeConfig() NodeConfig {
 		StateDir:           DefaultStateDir,
 		PodResourcesSocket: DefaultPodResourcesSocket,
 		DRASocket:          netdata.DefaultSocket,
-		DeviceInfoDir:      "/var/run/k8s.cni.cncf.io/devinfo",
+		DeviceInfoDir:      DefaultDeviceInfoDir,
 		DeviceIDCheck:      DeviceIDCheckPodResources,
 	}
 }

@@ -208,6 +208,8 @@ func TestDeviceInfoFileOutsideRefused(t *testing.T) {
 			return filepath.Join(dir, "victim")
 		}, "not inside the node's device-info directory"},
 		{"/etc", func(t *testing.T, u *unit, dir string) string {
+			// Where a regression would write it: removed after the test.
+			t.Cleanup(func() { _ = os.Remove("/etc/fastpath-test-must-not-exist") })
 			return "/etc/fastpath-test-must-not-exist"
 		}, "not inside the node's device-info directory"},
 		{"dot-dot out of the dir", func(t *testing.T, u *unit, dir string) string {
@@ -327,6 +329,8 @@ func TestLogFileOutsideLogDirIgnored(t *testing.T) {
 			require.Contains(t, u.log.String(), "logFile ignored; logging to stderr")
 			require.Contains(t, u.log.String(), tc.want)
 			u.requireUntouched(dir, before)
+			require.NoError(t, u.p.Del(a), "the runtime's DEL of the refused ADD")
+			require.Equal(t, before, snapshot(t, dir))
 			if logBefore != nil {
 				require.Equal(t, logBefore, snapshot(t, u.p.Node.LogDir))
 			}
