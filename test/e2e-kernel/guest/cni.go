@@ -325,9 +325,10 @@ func (g *guest) refused(setting string, extra map[string]any) error {
 // the host) holding a planted state and a .netns link to the init netns,
 // a CNIDeviceInfoFile outside the node's device-info directory, a
 // logFile outside the node's logDir. Each ADD is refused (code 7 for the
-// conf's paths; the logFile is ignored, so a bad CNI_IFNAME refuses that
-// one, code 4) and its DEL exits 0, with the VF home, every host link
-// under its name, and the planted directory as it was.
+// conf's paths; the logFile is only ignored, so the plugin's own netns as
+// CNI_NETNS refuses that one, code 8, after the log is set up) and its
+// DEL exits 0, with the VF home, every host link under its name, and the
+// planted directory as it was (no log file made in it).
 func (g *guest) nadPathsRefused() error {
 	v, err := g.cniVF(g.wireA, 1)
 	if err != nil {
@@ -371,26 +372,26 @@ func (g *guest) nadPathsRefused() error {
 	}
 	defer p.del()
 	for _, tc := range []struct {
-		name   string
-		ifname string
-		extra  map[string]any
-		code   int
+		name  string
+		netns string
+		extra map[string]any
+		code  int
 	}{
-		{"stateDir in a world-writable dir", "net1", map[string]any{"stateDir": dir}, 7},
-		{"CNIDeviceInfoFile outside the device-info dir", "net1", map[string]any{"runtimeConfig": map[string]any{"CNIDeviceInfoFile": filepath.Join(dir, "victim")}}, 7},
-		{"logFile outside the log dir", "bad/name", map[string]any{"logFile": filepath.Join(dir, "cni.log")}, 4},
+		{"stateDir in a world-writable dir", p.path, map[string]any{"stateDir": dir}, 7},
+		{"CNIDeviceInfoFile outside the device-info dir", p.path, map[string]any{"runtimeConfig": map[string]any{"CNIDeviceInfoFile": filepath.Join(dir, "victim")}}, 7},
+		{"logFile outside the log dir", "/proc/self/ns/net", map[string]any{"logFile": filepath.Join(dir, "cni.log")}, 8},
 	} {
 		c := conf(v, "", tc.extra)
-		r := cniCall{"ADD", "pod-hostile", p.path, tc.ifname, c}.do()
+		r := cniCall{"ADD", "pod-hostile", tc.netns, "net1", c}.do()
 		var e struct {
 			Code int `json:"code"`
 		}
 		_ = json.Unmarshal([]byte(r.stdout), &e)
 		if r.err == nil || e.Code != tc.code {
-			_ = cniCall{"DEL", "pod-hostile", p.path, tc.ifname, c}.do()
+			_ = cniCall{"DEL", "pod-hostile", tc.netns, "net1", c}.do()
 			return fmt.Errorf("%s: ADD gave %s; want code %d", tc.name, r, tc.code)
 		}
-		if r := (cniCall{"DEL", "pod-hostile", p.path, tc.ifname, c}).do(); r.err != nil {
+		if r := (cniCall{"DEL", "pod-hostile", tc.netns, "net1", c}).do(); r.err != nil {
 			return fmt.Errorf("%s: DEL of the refused ADD: %s", tc.name, r)
 		}
 		if why := v.home(); why != "" {
