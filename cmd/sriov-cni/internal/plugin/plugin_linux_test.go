@@ -73,7 +73,11 @@ func newEnv(t *testing.T, fixture string) *env {
 	dir := t.TempDir()
 	e.stateDir, e.ipamDir = filepath.Join(dir, "state"), filepath.Join(dir, "ipam")
 	e.p = &Plugin{
-		HostRoot:  fixtureRoot(fixture),
+		HostRoot: fixtureRoot(fixture),
+		// These tests are about the netdev moves, and pass no pod: the
+		// deviceID check (deviceid_test.go) is off as for a runtime
+		// without the kubelet.
+		Node:      NodeConfig{DeviceIDCheck: DeviceIDCheckOff},
 		NewPFLink: func(*netlink.Handle) sriov.PFLink { return e.pf },
 		RDMA:      e.rdma,
 		NewPodResources: func(string) PodResources {

@@ -55,7 +55,11 @@ func newUnit(t *testing.T) *unit {
 		netns: filepath.Join(dir, "pod-netns")}
 	require.NoError(t, os.WriteFile(u.netns, nil, 0o600))
 	u.p = &Plugin{
-		HostRoot:        fixtureRoot("edge"),
+		HostRoot: fixtureRoot("edge"),
+		// These tests are about what ADD does to the VF, and pass no pod:
+		// the deviceID check (deviceid_test.go) is off as for a runtime
+		// without the kubelet.
+		Node:            NodeConfig{DeviceIDCheck: DeviceIDCheckOff},
 		NewPFLink:       func(*netlink.Handle) sriov.PFLink { return u.pf },
 		RDMA:            u.rdma,
 		NewPodResources: func(string) PodResources { t.Fatal("PodResources asked"); return nil },
