@@ -2,12 +2,16 @@ package plugin
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/fastpath-k8s/fastpath/pkg/sriov/sriovtest"
@@ -210,4 +214,53 @@ func TestDeviceIDHeldAccepted(t *testing.T) {
 			u.requireClean()
 		})
 	}
+}
+
+// BenchmarkDeviceIDCheck is what the deviceID check adds to an ADD: one
+// PodResources List over a unix socket (dial, call, close) against a
+// gRPC server that lists pods pods, as a kubelet with that many pods
+// does, each with two containers, one holding a VF and a GPU of device
+// plugins, every fourth pod a claim of fastpath's DRA driver; the pod
+// asked about is listed last. Besides ns/op (wall time, which a loaded
+// machine stretches) it reports cpu-µs/op: the process's user and system
+// CPU time per check, the client's and the server's (the kubelet's part)
+// together.
+func BenchmarkDeviceIDCheck(b *testing.B) {
+	for _, pods := range []int{10, 110, 250} {
+		b.Run(fmt.Sprintf("pods=%d", pods), func(b *testing.B) {
+			k := &kubelet{}
+			for i := range pods {
+				p := podWith("default", fmt.Sprintf("pod-%d", i),
+					vfio(fmt.Sprintf("0000:%02x:%02x.%d", 0x18+i/64, i/8%8, i%8)),
+					&podresourcesapi.ContainerDevices{ResourceName: "nvidia.com/gpu", DeviceIds: []string{fmt.Sprintf("GPU-%08x-0000-0000-0000-000000000000", i)}})
+				if i%4 == 0 {
+					withDRA(p, fmt.Sprintf("0000:%02x:%02x.%d", 0x86+i/64, i/8%8, i%8))
+				}
+				k.pods = append(k.pods, p)
+			}
+			last := k.pods[pods-1]
+			vf := last.Containers[1].Devices[0].DeviceIds[0]
+			p := &Plugin{Node: NodeConfig{DeviceIDCheck: DeviceIDCheckPodResources, PodResourcesSocket: serveKubelet(b, k)},
+				NewPodResources: NewKubeletPodResources}
+			c := &NetConf{DeviceID: vf}
+			ctx := context.Background()
+			b.ReportAllocs()
+			before := cpuTime(b)
+			for b.Loop() {
+				if _, _, err := p.checkDeviceID(ctx, c, vf, "default", last.Name); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64((cpuTime(b)-before).Microseconds())/float64(b.N), "cpu-µs/op")
+		})
+	}
+}
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

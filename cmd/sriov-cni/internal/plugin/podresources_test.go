@@ -27,7 +27,7 @@ func (k *kubelet) List(context.Context, *podresourcesapi.ListPodResourcesRequest
 	return &podresourcesapi.ListPodResourcesResponse{PodResources: k.pods}, nil
 }
 
-func serveKubelet(t *testing.T, k *kubelet) string {
+func serveKubelet(t testing.TB, k *kubelet) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "kubelet.sock")
 	l, err := net.Listen("unix", sock)
