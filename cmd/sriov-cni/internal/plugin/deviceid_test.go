@@ -25,7 +25,7 @@ import (
 // and returns that kubelet.
 func (u *unit) checked(pods ...*podresourcesapi.PodResources) *kubelet {
 	k := &kubelet{pods: pods}
-	u.p.Node = NodeConfig{DeviceIDCheck: DeviceIDCheckPodResources, PodResourcesSocket: serveKubelet(u.t, k)}
+	u.p.Node.DeviceIDCheck, u.p.Node.PodResourcesSocket = DeviceIDCheckPodResources, serveKubelet(u.t, k)
 	u.p.NewPodResources = NewKubeletPodResources
 	return k
 }
@@ -110,34 +110,53 @@ func withDRA(p *podresourcesapi.PodResources, vfs ...string) *podresourcesapi.Po
 }
 
 // The review's case: a vfio VF, which has no netdev to move, attached by
-// one pod, then named by another pod's network (with its own stateDir, so
-// that no state of the first is found): the second ADD succeeded and set
-// the VF's settings on the PF again. It is refused now by the deviceID
-// check, and the first attachment's settings stay.
+// one pod, then named by another pod's network: with its own stateDir,
+// so that no state of the first was found, the second ADD succeeded and
+// set the VF's settings on the PF again; with the same one it was busy
+// (code 11: the runtime retries). Both are refused now (code 7) before
+// anything changes, and the first attachment's settings stay.
 func TestVFIOAttachedTwiceByTwoPods(t *testing.T) {
-	u := newUnit(t)
-	k := u.checked(podWith("default", "owner", vfio(vfioVF)), podWith("default", "tenant"))
-	require.NoError(t, u.addAs(u.conf(`"trust":"on"`), "c1", "owner"))
-	require.True(t, u.pf.Get(vfioPF, 0).Trust)
-	u.pf.ResetCalls()
+	for _, tc := range []struct {
+		name     string
+		stateDir func(u *unit) string
+	}{
+		{"its own stateDir", func(*unit) string { return filepath.Join(t.TempDir(), "tenant-state") }},
+		{"the same stateDir", func(u *unit) string { return u.stateDir }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := newUnit(t)
+			k := u.checked(podWith("default", "owner", vfio(vfioVF)), podWith("default", "tenant"))
+			require.NoError(t, u.addAs(u.conf(`"trust":"on"`), "c1", "owner"))
+			require.True(t, u.pf.Get(vfioPF, 0).Trust)
+			u.pf.ResetCalls()
 
-	other := filepath.Join(t.TempDir(), "tenant-state")
-	conf := `{"cniVersion":"1.1.0","name":"tenant-net","type":"sriov","stateDir":"` + other + `","deviceID":"` + vfioVF + `","trust":"off","max_tx_rate":1}`
-	err := u.addAs(conf, "c2", "tenant")
-	require.ErrorContains(t, err, "deviceID 0000:86:00.1: pod default/tenant does not hold that VF")
-	require.Empty(t, u.pf.Calls(), "the first attachment's VF settings stay")
-	require.True(t, u.pf.Get(vfioPF, 0).Trust)
-	require.Empty(t, ls(t, other))
-	require.Equal(t, int32(2), k.lists.Load(), "one List per ADD")
+			dir := tc.stateDir(u)
+			conf := `{"cniVersion":"1.1.0","name":"tenant-net","type":"sriov","stateDir":"` + dir + `","deviceID":"` + vfioVF + `","trust":"off","max_tx_rate":1}`
+			err := u.addAs(conf, "c2", "tenant")
+			require.Error(t, err)
+			// With the node's stateDir enforced, another stateDir may be
+			// refused for that first, with the same code.
+			require.Equal(t, uint(types.ErrInvalidNetworkConfig), CNIError(err).Code, "%v", err)
+			if dir == u.stateDir {
+				require.ErrorContains(t, err, "deviceID 0000:86:00.1: pod default/tenant does not hold that VF (its VFs: none)")
+				require.Equal(t, int32(2), k.lists.Load(), "one List per ADD")
+			} else {
+				require.Empty(t, ls(t, dir))
+			}
+			require.Empty(t, u.pf.Calls(), "the first attachment's VF settings stay")
+			require.True(t, u.pf.Get(vfioPF, 0).Trust)
 
-	// The same pod's second attachment of its VF, under another container
-	// ID (a new sandbox while the old one holds it), is busy.
-	err = u.addAs(u.conf(`"trust":"on"`), "c3", "owner")
-	require.ErrorIs(t, err, ErrBusy)
-	require.Empty(t, u.pf.Calls())
+			// The same pod's second attachment of its VF, under another
+			// container ID (a new sandbox while the old one holds it), is
+			// busy.
+			err = u.addAs(u.conf(`"trust":"on"`), "c3", "owner")
+			require.ErrorIs(t, err, ErrBusy)
+			require.Empty(t, u.pf.Calls())
 
-	require.NoError(t, u.del(u.conf(`"trust":"on"`), "c1"))
-	u.requireClean()
+			require.NoError(t, u.del(u.conf(`"trust":"on"`), "c1"))
+			u.requireClean()
+		})
+	}
 }
 
 // With the check on, a deviceID needs the pod's name in CNI_ARGS: without
@@ -145,7 +164,7 @@ func TestVFIOAttachedTwiceByTwoPods(t *testing.T) {
 // and the error says how to run without the kubelet.
 func TestDeviceIDWithoutPodArgsRefused(t *testing.T) {
 	u := newUnit(t)
-	u.p.Node = DefaultNodeConfig()
+	u.p.Node.DeviceIDCheck = DeviceIDCheckPodResources
 	err := u.addAs(u.conf(`"trust":"on"`), "c1", "")
 	require.Error(t, err)
 	require.Equal(t, uint(types.ErrInvalidEnvironmentVariables), CNIError(err).Code)
@@ -158,7 +177,7 @@ func TestDeviceIDWithoutPodArgsRefused(t *testing.T) {
 // resourceName lookup, and changes nothing.
 func TestDeviceIDCheckKubeletDown(t *testing.T) {
 	u := newUnit(t)
-	u.p.Node = NodeConfig{DeviceIDCheck: DeviceIDCheckPodResources, PodResourcesSocket: filepath.Join(t.TempDir(), "kubelet.sock")}
+	u.p.Node.DeviceIDCheck, u.p.Node.PodResourcesSocket = DeviceIDCheckPodResources, filepath.Join(t.TempDir(), "kubelet.sock")
 	u.p.NewPodResources = NewKubeletPodResources
 	err := u.addAs(u.conf(""), "c1", "owner")
 	require.Error(t, err)
@@ -176,7 +195,6 @@ func TestDeviceIDCheckKubeletDown(t *testing.T) {
 // fails the test when asked).
 func TestDeviceIDCheckOffTrusts(t *testing.T) {
 	u := newUnit(t)
-	u.p.Node = DefaultNodeConfig()
 	u.p.Node.DeviceIDCheck = DeviceIDCheckOff
 	require.NoError(t, u.addAs(u.conf(`"trust":"on"`), "c1", ""))
 	require.True(t, u.pf.Get(vfioPF, 0).Trust)
