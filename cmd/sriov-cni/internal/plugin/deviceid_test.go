@@ -46,9 +46,9 @@ func (u *unit) addAs(conf, cid, pod string) error {
 	return err
 }
 
-// requireUntouched checks that a refused ADD changed nothing: no PF call,
+// requireNothingChanged checks that a refused ADD changed nothing: no PF call,
 // no address, no device-info file, no state dir.
-func (u *unit) requireUntouched() {
+func (u *unit) requireNothingChanged() {
 	u.t.Helper()
 	require.Empty(u.t, u.pf.Calls(), "no call to the PF")
 	require.Equal(u.t, sriovtest.Unconfigured, u.pf.Get(vfioPF, 0))
@@ -92,7 +92,7 @@ func TestDeviceIDNotHeldRefused(t *testing.T) {
 			err := u.addAs(u.conf(`"trust":"on","spoofchk":"off"`+prefixComma(tc.extra)), "c2", "tenant")
 			require.ErrorContains(t, err, tc.want)
 			require.Equal(t, uint(types.ErrInvalidNetworkConfig), CNIError(err).Code)
-			u.requireUntouched()
+			u.requireNothingChanged()
 		})
 	}
 }
@@ -170,7 +170,7 @@ func TestDeviceIDWithoutPodArgsRefused(t *testing.T) {
 	require.Equal(t, uint(types.ErrInvalidEnvironmentVariables), CNIError(err).Code)
 	require.ErrorContains(t, err, "deviceID 0000:86:00.1: CNI_ARGS lack K8S_POD_NAMESPACE and K8S_POD_NAME")
 	require.ErrorContains(t, err, `set "deviceIDCheck": "off" in the node's config`)
-	u.requireUntouched()
+	u.requireNothingChanged()
 }
 
 // The kubelet not answering is a "try again later" (11), as for the
@@ -187,7 +187,7 @@ func TestDeviceIDCheckKubeletDown(t *testing.T) {
 	err = u.addAs(u.conf(""), "c1", "owner")
 	require.Error(t, err)
 	require.Equal(t, uint(types.ErrTryAgainLater), CNIError(err).Code)
-	u.requireUntouched()
+	u.requireNothingChanged()
 }
 
 // deviceIDCheck "off" trusts deviceID, for a runtime without the kubelet:
@@ -222,8 +222,9 @@ func TestDeviceIDHeldAccepted(t *testing.T) {
 			k := u.checked(podWith("default", "other", vfio("0000:86:00.2")), tc.pod)
 			// A DRA driver socket that exists: tellDRA looks whether the
 			// VF is the driver's (it then fails to send, with a warning).
-			u.p.DRASocket = filepath.Join(t.TempDir(), "dra.sock")
-			require.NoError(t, os.WriteFile(u.p.DRASocket, nil, 0o600))
+			sock := filepath.Join(t.TempDir(), "dra.sock")
+			require.NoError(t, os.WriteFile(sock, nil, 0o600))
+			u.p.DRASocket = sock
 			conf := u.conf(`"trust":"on"` + prefixComma(tc.extra))
 			require.NoError(t, u.addAs(conf, "c1", "owner"))
 			require.True(t, u.pf.Get(vfioPF, 0).Trust)
