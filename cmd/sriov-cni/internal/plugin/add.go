@@ -47,7 +47,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if c.legacyResult() && c.IPAM.Type == "" {
 		return invalidConf("cniVersion %s: its result holds IP addresses only, and this network has no ipam to give one: set cniVersion 0.3.1 or later (the result then names the interface), or add an ipam section", c.CNIVersion)
 	}
-	cands, fromDRA, err := p.candidates(ctx, c, args)
+	cands, held, fromDRA, err := p.candidates(ctx, c, args)
 	if err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	p.tellDRA(ctx, log, c, args, vf, fromDRA, result)
+	p.tellDRA(ctx, log, c, args, vf, held, fromDRA, result)
 	return result.PrintTo(p.Stdout)
 }
 

@@ -31,11 +31,12 @@ const draNotifyTimeout = 2 * time.Second
 // DRA VFs (no deviceID, no resourceName: fromDRA), or, with a deviceID
 // (Multus found it in the claim's CDI names), when the driver's socket
 // exists on the node and PodResources lists the VF among the pod's DRA
-// VFs. A node without the socket has no DRA driver: a VF of the device
-// plugin costs one stat. The network works without the metadata: a
+// VFs: held, what the deviceID check or the resourceName lookup already
+// asked, or else one List. A node without the socket has no DRA driver: a
+// VF of the device plugin costs one stat. The network works without the metadata: a
 // driver that cannot be told (no socket, a refusal, a timeout) leaves the
 // ADD successful, with a warning on stderr that names the VF and why.
-func (p *Plugin) tellDRA(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, vf string, fromDRA bool, result types.Result) {
+func (p *Plugin) tellDRA(ctx context.Context, log *slog.Logger, c *NetConf, args *skel.CmdArgs, vf string, held *PodDevices, fromDRA bool, result types.Result) {
 	socket := p.Node.DRASocket
 	if socket == "" {
 		return
@@ -47,12 +48,15 @@ func (p *Plugin) tellDRA(ctx context.Context, log *slog.Logger, c *NetConf, args
 		if _, err := os.Stat(socket); errors.Is(err, fs.ErrNotExist) || ns == "" || pod == "" {
 			return // no DRA driver here, or no pod to ask about
 		}
-		vfs, err := p.NewPodResources(p.Node.PodResourcesSocket).Devices(ctx, ns, pod, "")
-		if err != nil {
-			p.warnDRA(log, c, vf, args.IfName, fmt.Errorf("cannot tell whether it is a VF of DRA driver %s: %w", DRADriver, err))
-			return
+		if held == nil {
+			h, err := p.NewPodResources(p.Node.PodResourcesSocket).Pod(ctx, ns, pod)
+			if err != nil {
+				p.warnDRA(log, c, vf, args.IfName, fmt.Errorf("cannot tell whether it is a VF of DRA driver %s: %w", DRADriver, err))
+				return
+			}
+			held = &h
 		}
-		if !slices.Contains(vfs, vf) {
+		if !slices.Contains(held.DRAVFs, vf) {
 			log.Debug("VF not of the DRA driver: no device metadata to publish", "pod", ns+"/"+pod)
 			return
 		}

@@ -113,8 +113,8 @@ func TestResourceNameWithoutPrivilege(t *testing.T) {
 
 type failingPodResources struct{}
 
-func (failingPodResources) Devices(context.Context, string, string, string) ([]string, error) {
-	return nil, types.NewError(types.ErrTryAgainLater, "kubelet restarting", "")
+func (failingPodResources) Pod(context.Context, string, string) (PodDevices, error) {
+	return PodDevices{}, types.NewError(types.ErrTryAgainLater, "kubelet restarting", "")
 }
 
 // STATUS says the plugin cannot serve ADDs while its state dir cannot be

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/fastpath-k8s/fastpath/pkg/pci"
 )
 
 // DRADriver is fastpath's DRA driver (cmd/rdma-device-plugin's
@@ -38,60 +40,99 @@ func draVF(cdiName string) (string, bool) {
 	return addr, true
 }
 
-// PodResources answers which devices of a resource a pod holds: those the
-// device plugin of resource allocated to it, or, when it has none (or
-// resource is ""), the VFs of fastpath's DRA driver in its claims — the
-// case of a pod whose resources.limits the scheduler turned into a claim
-// (a DeviceClass with extendedResourceName): Multus v4.3.0 finds DRA
-// devices by claim name only, and that claim's name is generated, so it
-// passes no deviceID for the NetworkAttachmentDefinition's resourceName.
+// PodResources answers what one pod holds: the devices that device
+// plugins allocated to it, by resource, and the VFs of fastpath's DRA
+// driver in its claims. One call is one List of the kubelet's
+// PodResources API: an ADD makes at most one.
 type PodResources interface {
-	Devices(ctx context.Context, namespace, pod, resource string) ([]string, error)
+	Pod(ctx context.Context, namespace, pod string) (PodDevices, error)
+}
+
+// PodDevices is what the kubelet says one pod holds.
+type PodDevices struct {
+	// Resources are the device IDs that device plugins allocated to the
+	// pod's containers, by resource name.
+	Resources map[string][]string
+	// DRAVFs are the PCI addresses of the VFs of fastpath's DRA driver in
+	// the pod's claims.
+	DRAVFs []string
+}
+
+// Of returns the devices of resource the pod holds or, when it has none
+// (or resource is ""), its VFs of fastpath's DRA driver — the case of a
+// pod whose resources.limits the scheduler turned into a claim (a
+// DeviceClass with extendedResourceName): Multus v4.3.0 finds DRA devices
+// by claim name only, and that claim's name is generated, so it passes no
+// deviceID for the NetworkAttachmentDefinition's resourceName. Sorted,
+// without repeats.
+func (d PodDevices) Of(resource string) []string {
+	ids := slices.Clone(d.Resources[resource])
+	if resource == "" || len(ids) == 0 {
+		ids = slices.Clone(d.DRAVFs)
+	}
+	sort.Strings(ids)
+	return slices.Compact(ids)
+}
+
+// VFs returns every PCI address the pod holds: the device IDs of any
+// resource that are PCI addresses, and its VFs of fastpath's DRA driver.
+// Sorted, without repeats.
+func (d PodDevices) VFs() []string {
+	ids := slices.Clone(d.DRAVFs)
+	for _, devs := range d.Resources {
+		for _, id := range devs {
+			if pci.ValidAddress(id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	sort.Strings(ids)
+	return slices.Compact(ids)
 }
 
 // kubeletPodResources asks the kubelet's PodResources API (v1, List) on a
-// unix socket.
+// unix socket. List, not the per-pod Get: Get is GA only from Kubernetes
+// 1.36 (feature gate KubeletPodResourcesGet: alpha and off in 1.27–1.33,
+// beta and on in 1.34–1.35, where a node may turn it off), and the kubelet
+// answers a Get it does not serve with the same kind of error as a pod it
+// does not know. List answers on every kubelet; its cost, at 250 pods, is
+// in docs/benchmarks.md (BenchmarkDeviceIDCheck).
 type kubeletPodResources struct{ socket string }
 
 // NewKubeletPodResources returns the real client for socket.
 func NewKubeletPodResources(socket string) PodResources { return kubeletPodResources{socket: socket} }
 
-func (k kubeletPodResources) Devices(ctx context.Context, namespace, pod, resource string) ([]string, error) {
+func (k kubeletPodResources) Pod(ctx context.Context, namespace, pod string) (PodDevices, error) {
 	if _, err := os.Stat(k.socket); errors.Is(err, fs.ErrNotExist) {
-		return nil, types.NewError(types.ErrTryAgainLater,
+		return PodDevices{}, types.NewError(types.ErrTryAgainLater,
 			fmt.Sprintf("kubelet PodResources socket %s does not exist (is the kubelet running? set podResourcesSocket if it lives elsewhere)", k.socket), "")
 	}
 	conn, err := grpc.NewClient("unix://"+k.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, fmt.Errorf("PodResources %s: %w", k.socket, err)
+		return PodDevices{}, fmt.Errorf("PodResources %s: %w", k.socket, err)
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
 	if err != nil {
-		return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("PodResources List on %s: %v", k.socket, err), "")
+		return PodDevices{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("PodResources List on %s: %v", k.socket, err), "")
 	}
-	ids, vfs := podDevices(resp.GetPodResources(), namespace, pod, resource)
-	if len(ids) == 0 {
-		ids = vfs
-	}
-	sort.Strings(ids)
-	return slices.Compact(ids), nil
+	return podDevices(resp.GetPodResources(), namespace, pod), nil
 }
 
-// podDevices are the devices of resource that the device plugin gave the
-// pod, and the VFs (PCI addresses) of fastpath's DRA driver in its claims.
-func podDevices(pods []*podresourcesapi.PodResources, namespace, pod, resource string) (ids, vfs []string) {
+// podDevices are the devices that device plugins gave the pod, by
+// resource, and the VFs (PCI addresses) of fastpath's DRA driver in its
+// claims.
+func podDevices(pods []*podresourcesapi.PodResources, namespace, pod string) PodDevices {
+	d := PodDevices{Resources: map[string][]string{}}
 	for _, p := range pods {
 		if p.GetNamespace() != namespace || p.GetName() != pod {
 			continue
 		}
 		for _, c := range p.GetContainers() {
-			for _, d := range c.GetDevices() {
-				if resource != "" && d.GetResourceName() == resource {
-					ids = append(ids, d.GetDeviceIds()...)
-				}
+			for _, dev := range c.GetDevices() {
+				d.Resources[dev.GetResourceName()] = append(d.Resources[dev.GetResourceName()], dev.GetDeviceIds()...)
 			}
 			for _, dr := range c.GetDynamicResources() {
 				for _, r := range dr.GetClaimResources() {
@@ -100,12 +141,12 @@ func podDevices(pods []*podresourcesapi.PodResources, namespace, pod, resource s
 					}
 					for _, cdi := range r.GetCdiDevices() {
 						if addr, ok := draVF(cdi.GetName()); ok {
-							vfs = append(vfs, addr)
+							d.DRAVFs = append(d.DRAVFs, addr)
 						}
 					}
 				}
 			}
 		}
 	}
-	return ids, vfs
+	return d
 }

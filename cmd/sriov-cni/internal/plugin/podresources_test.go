@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -14,17 +15,19 @@ import (
 )
 
 // kubelet serves the PodResources List call on a unix socket, as the
-// kubelet does.
+// kubelet does, and counts the calls.
 type kubelet struct {
 	podresourcesapi.UnimplementedPodResourcesListerServer
-	pods []*podresourcesapi.PodResources
+	pods  []*podresourcesapi.PodResources
+	lists atomic.Int32
 }
 
 func (k *kubelet) List(context.Context, *podresourcesapi.ListPodResourcesRequest) (*podresourcesapi.ListPodResourcesResponse, error) {
+	k.lists.Add(1)
 	return &podresourcesapi.ListPodResourcesResponse{PodResources: k.pods}, nil
 }
 
-func serveKubelet(t *testing.T, k *kubelet) string {
+func serveKubelet(t testing.TB, k *kubelet) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "kubelet.sock")
 	l, err := net.Listen("unix", sock)
@@ -43,6 +46,13 @@ func podWith(ns, name string, devs ...*podresourcesapi.ContainerDevices) *podres
 	}}
 }
 
+// devices asks pr for the pod's devices of resource, as the resourceName
+// lookup of ADD does.
+func devices(pr PodResources, namespace, pod, resource string) ([]string, error) {
+	d, err := pr.Pod(context.Background(), namespace, pod)
+	return d.Of(resource), err
+}
+
 func TestKubeletPodResources(t *testing.T) {
 	sock := serveKubelet(t, &kubelet{pods: []*podresourcesapi.PodResources{
 		podWith("default", "other", &podresourcesapi.ContainerDevices{ResourceName: "mellanox.com/rails", DeviceIds: []string{"0000:18:00.4"}}),
@@ -50,14 +60,14 @@ func TestKubeletPodResources(t *testing.T) {
 			&podresourcesapi.ContainerDevices{ResourceName: "nvidia.com/gpu", DeviceIds: []string{"GPU-1"}},
 			&podresourcesapi.ContainerDevices{ResourceName: "mellanox.com/rails", DeviceIds: []string{"0000:29:00.2", "0000:18:00.1"}}),
 	}})
-	ids, err := NewKubeletPodResources(sock).Devices(context.Background(), "default", "trainer-0", "mellanox.com/rails")
+	ids, err := devices(NewKubeletPodResources(sock), "default", "trainer-0", "mellanox.com/rails")
 	require.NoError(t, err)
 	require.Equal(t, []string{"0000:18:00.1", "0000:29:00.2"}, ids)
-	ids, err = NewKubeletPodResources(sock).Devices(context.Background(), "kube-system", "trainer-0", "mellanox.com/rails")
+	ids, err = devices(NewKubeletPodResources(sock), "kube-system", "trainer-0", "mellanox.com/rails")
 	require.NoError(t, err)
 	require.Empty(t, ids)
 
-	_, err = NewKubeletPodResources(filepath.Join(t.TempDir(), "none.sock")).Devices(context.Background(), "default", "p", "r/x")
+	_, err = devices(NewKubeletPodResources(filepath.Join(t.TempDir(), "none.sock")), "default", "p", "r/x")
 	require.Equal(t, types.ErrTryAgainLater, CNIError(err).Code)
 	require.ErrorContains(t, err, "does not exist (is the kubelet running?")
 }
@@ -146,7 +156,7 @@ func TestKubeletPodResourcesDRA(t *testing.T) {
 		{"both", "mellanox.com/rails", []string{"0000:3b:01.2"}},                                // the device plugin's first
 		{"both", "", []string{"0000:18:00.1"}},
 	} {
-		ids, err := NewKubeletPodResources(sock).Devices(context.Background(), "default", tc.pod, tc.resource)
+		ids, err := devices(NewKubeletPodResources(sock), "default", tc.pod, tc.resource)
 		require.NoError(t, err)
 		require.Equal(t, tc.want, ids, "%s %q", tc.pod, tc.resource)
 	}
