@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -135,5 +136,47 @@ func TestReadmeSeed(t *testing.T) {
 		got, err := yaml.YAMLToJSON([]byte(docs[i]))
 		require.NoError(t, err)
 		require.JSONEq(t, string(want), string(got), "README.md's seed block differs from test/e2e-cluster/seed/%s", f)
+	}
+}
+
+// helpPages are the pages that document each command's flags: every flag
+// its --help lists is there. rdma-device-plugin-dra's are its DRA flags
+// (the others are rdma-device-plugin's, on that command's page).
+var helpPages = map[string]string{
+	"rdma-device-plugin":           "docs/device-plugin.md",
+	"rdma-device-plugin serve":     "docs/device-plugin.md",
+	"rdma-device-plugin discover":  "docs/install.md",
+	"rdma-device-plugin doctor":    "docs/troubleshooting.md",
+	"rdma-device-plugin provision": "docs/vfs.md",
+	"rdma-device-plugin-dra":       "docs/dra.md",
+}
+
+// Every flag of every --help is documented on its command's page (the
+// other direction, every documented flag exists, is TestDocs').
+func TestEveryHelpFlagDocumented(t *testing.T) {
+	root := repoRoot(t)
+	flags := knownFlags(t)
+	for cmd, fs := range flags {
+		if cmd == "sriov" {
+			require.Empty(t, fs, "the CNI takes flags now: give it a page in helpPages")
+			continue
+		}
+		page, ok := helpPages[cmd]
+		if !ok {
+			// The DRA build's subcommands are the lean build's.
+			require.True(t, strings.HasPrefix(cmd, "rdma-device-plugin-dra "), "%s: no page in helpPages", cmd)
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(root, page))
+		require.NoError(t, err)
+		for f := range fs {
+			if f == "h" || f == "help" || cmd == "rdma-device-plugin-dra" && flags["rdma-device-plugin"][f] {
+				continue
+			}
+			re := regexp.MustCompile(`(^|[\s` + "`" + `\[(])--?` + regexp.QuoteMeta(f) + `([^A-Za-z0-9-]|$)`)
+			if !re.Match(b) {
+				t.Errorf("%s --help has --%s, which %s does not document", cmd, f, page)
+			}
+		}
 	}
 }

@@ -228,7 +228,7 @@ func Run(o Options) *Report {
 	h := &host{opts: o, root: o.HostRoot}
 	if o.Fixture {
 		h.add("fixture", Skip, filepath.Join(o.HostRoot, FixtureMarker),
-			"a fixture host, not a node: empty files under /dev/infiniband stand in for the char devices (git holds no device nodes); the kubelet and CNI checks run only on the directories given",
+			"a fixture host, not a node: empty files under its /dev/infiniband stand in for char devices (git holds no device nodes); the kubelet and CNI checks run only on the directories given",
 			"run doctor on a node for the real thing; --kubelet-dir, --cni-bin-dir and --cni-conf-dir check a fixture's own")
 	}
 	scanOK := h.scan()
