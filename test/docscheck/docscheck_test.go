@@ -116,9 +116,9 @@ func TestReadmeShort(t *testing.T) {
 	require.LessOrEqual(t, n, 200, "README.md has %d lines: move the detail into docs/", n)
 }
 
-// The README shows the seed's NetworkAttachmentDefinition and pod as
-// test/e2e-cluster/seed has them (and make e2e-cluster applies them).
-func TestReadmeSeed(t *testing.T) {
+// The README shows deployments/'s NetworkAttachmentDefinition and
+// example training pod as they are (comments aside).
+func TestReadmeExample(t *testing.T) {
 	root := repoRoot(t)
 	b, err := os.ReadFile(filepath.Join(root, "README.md"))
 	require.NoError(t, err)
@@ -128,14 +128,14 @@ func TestReadmeSeed(t *testing.T) {
 	require.True(t, ok)
 	docs := strings.Split(block, "\n---\n")
 	require.Len(t, docs, 2)
-	for i, f := range []string{"sriov-net-ib.yaml", "training-pod.yaml"} {
-		seed, err := os.ReadFile(filepath.Join(root, "test", "e2e-cluster", "seed", f))
+	for i, f := range []string{"30-network-attachment.yaml", "examples/training-pod.yaml"} {
+		shipped, err := os.ReadFile(filepath.Join(root, "deployments", f))
 		require.NoError(t, err)
-		want, err := yaml.YAMLToJSON(seed)
+		want, err := yaml.YAMLToJSON(shipped)
 		require.NoError(t, err)
-		got, err := yaml.YAMLToJSON([]byte(docs[i]))
+		got, err := yaml.YAMLToJSON([]byte(docs[i] + "\n")) // the newline the split took
 		require.NoError(t, err)
-		require.JSONEq(t, string(want), string(got), "README.md's seed block differs from test/e2e-cluster/seed/%s", f)
+		require.JSONEq(t, string(want), string(got), "README.md's example differs from deployments/%s", f)
 	}
 }
 
