@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-kernel bench-cni-kernel image-tar fixtures clean soak fuzz
+.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-kernel bench-cni-kernel image-tar fixtures clean soak fuzz
 
 all: lint build test
 
@@ -47,10 +47,17 @@ test: lint cross portable
 # its tests through internal/sysfs's portable reader too.
 portable:
 	GOOS=darwin $(GO) vet ./pkg/...
-	$(GO) test -count=1 -short -tags fastpath_portable ./internal/sysfs ./pkg/pci ./pkg/rdma ./pkg/sriov ./pkg/nic ./pkg/pool
+	$(GO) test -count=1 -short -timeout 5m -tags fastpath_portable ./internal/sysfs ./pkg/pci ./pkg/rdma ./pkg/sriov ./pkg/nic ./pkg/pool
 
 test-short:
-	$(GO) test -count=1 -short $(PKGS)
+	$(GO) test -count=1 -short -timeout 20m $(PKGS)
+
+# The quick test: every test of the plugins and the libraries
+# (cmd/, pkg/, internal/) with -short, which skips the tests that need a
+# DRA build (the Kubernetes API client); no -race, no lint, no test/
+# harnesses. A few minutes on 2 cores; see README.md's Set-up.
+quick:
+	$(GO) test -count=1 -short -timeout 5m ./cmd/... ./pkg/... ./internal/...
 
 lint: fmt vet
 

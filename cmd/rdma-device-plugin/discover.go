@@ -152,6 +152,9 @@ func discover(hostRoot string, cfg *pool.Config) (*discoverReport, error) {
 		build = append(build, pool.WithDefaultRoutes(routes...))
 	}
 	pools, warns := pool.Build(cfg, snap.Devices, build...)
+	// The config's own (an unusual resource prefix, a pool without the
+	// NCCL environment), as the plugin logs them, then the pools'.
+	r.Warnings = append(r.Warnings, cfg.Warnings...)
 	r.Warnings = append(r.Warnings, warns...)
 	for i := range pools {
 		p := &pools[i]

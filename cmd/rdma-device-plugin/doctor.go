@@ -110,6 +110,16 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			o.Plan, o.PolicyPath = plan, *policyPath
 		}
 	}
+	if doctor.IsFixture(*hostRoot) {
+		// A fixture has no kubelet or CNI: this machine's directories
+		// say nothing of it, so only the ones named are checked.
+		o.Fixture = true
+		for flagName, dir := range map[string]*string{"kubelet-dir": &o.KubeletDir, "cni-bin-dir": &o.CNIBinDir, "cni-conf-dir": &o.CNIConfDir} {
+			if !set[flagName] {
+				*dir = ""
+			}
+		}
+	}
 	if doctor.SameKernel(*hostRoot) {
 		o.Kernel = doctor.NewKernel()
 	}

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"io"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -41,5 +43,24 @@ func TestParseFlags(t *testing.T) {
 			require.Contains(t, stderr.String(), tc.printed)
 			require.Equal(t, tc.verbose, *verbose)
 		})
+	}
+}
+
+// The top-level --help lists every subcommand run dispatches to, and each
+// has a --help of its own that names it.
+func TestHelpListsEverySubcommand(t *testing.T) {
+	var out, errs bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"--help"}, &out, &errs))
+	require.Len(t, subcommands, 4)
+	for _, c := range subcommands {
+		require.Regexp(t, `(?m)^  `+c.name+`\s+\S`, errs.String(), "--help lists %s", c.name)
+		var sub bytes.Buffer
+		require.NoError(t, run(context.Background(), []string{c.name, "--help"}, io.Discard, &sub), c.name)
+		want := "usage: rdma-device-plugin " + c.name
+		if c.name == "serve" {
+			want = "usage: rdma-device-plugin [SUBCOMMAND]"
+		}
+		require.Contains(t, sub.String(), want)
+		require.Contains(t, sub.String(), "\n  -", "%s --help lists its flags", c.name)
 	}
 }

@@ -38,6 +38,15 @@ func main() {
 	}
 }
 
+// subcommands are the top-level --help's list, in run's order; each has a
+// --help of its own.
+var subcommands = []struct{ name, summary string }{
+	{"serve", "serve the pools to the kubelet (the default: no subcommand)"},
+	{"discover", "show what the node has and which pool gets what"},
+	{"doctor", "say why NCCL would not use RDMA here, and the fix"},
+	{"provision", "create the VFs SriovNetworkNodePolicies ask for"},
+}
+
 // run dispatches to a subcommand; no subcommand means serve.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
@@ -55,13 +56,24 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return serve(ctx, *f, log)
 }
 
-const serveUsage = "usage: rdma-device-plugin [flags]            serve the pools to the kubelet\n" +
-	"       rdma-device-plugin discover [flags]   show what the node has (see discover -h)\n\n"
+// serveUsage is the top-level help: every subcommand, then serve's flags.
+func serveUsage() string {
+	var b strings.Builder
+	b.WriteString("usage: rdma-device-plugin [SUBCOMMAND] [flags]\n\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, c := range subcommands {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+	}
+	tw.Flush()
+	b.WriteString("\nrdma-device-plugin SUBCOMMAND --help shows a subcommand's flags. Without one,\n" +
+		"rdma-device-plugin serves; its flags:\n\n")
+	return b.String()
+}
 
 // parseServeFlags parses the serve flags; nil flags and no error mean
 // help was printed.
 func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
-	fs := newFlagSet("rdma-device-plugin", serveUsage, stderr)
+	fs := newFlagSet("rdma-device-plugin", serveUsage(), stderr)
 	var f serveFlags
 	fs.StringVar(&f.config, "config", defaultConfig, "pool config file (configList and/or resourceList JSON)")
 	fs.StringVar(&f.config, "config-file", defaultConfig, "the same as --config (the name the peer plugins use)")
@@ -135,6 +147,7 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	src.UseSnapshot(provisioned)
 	// The plugin runs in the node's network namespace (hostNetwork).
 	src.DefaultRoutes = func() ([]string, error) { return plugin.DefaultRouteNetdevs(nil) }
+	src.Metrics = metrics
 	// The first scan is made here, before anything is served, so that a
 	// host the plugin cannot serve is a startup error; the manager takes
 	// it as its first state (a scan of a large host is the costliest thing

@@ -60,6 +60,7 @@ func draBinary(t testing.TB) string {
 	if bin := os.Getenv("FASTPATH_BENCH_DAEMON_DRA"); bin != "" {
 		return bin
 	}
+	skipDRABuildIfShort(t)
 	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "grpcnotrace", Release: true}, daemonPkg), "rdma-device-plugin")
 }
 
@@ -74,7 +75,19 @@ func regfloorBinary(t testing.TB) string {
 // the DRA kubelet plugin library linked in.
 func regfloorDRABinary(t testing.TB) string {
 	t.Helper()
+	skipDRABuildIfShort(t)
 	return filepath.Join(testbin.BuildWith(t, testbin.Flags{Tags: "grpcnotrace", Release: true}, regfloorPkg), "regfloor")
+}
+
+// skipDRABuildIfShort skips, under -short (make quick), a test that
+// needs a DRA build: its release build compiles the Kubernetes API
+// client and the DRA kubelet plugin library, most of this package's
+// test time on a cold build cache (make test runs it).
+func skipDRABuildIfShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs a release build with DRA (the Kubernetes API client), minutes on 2 cores; make test runs it")
+	}
 }
 
 func TestMain(m *testing.M) {

@@ -1,5 +1,6 @@
 // Command sriov is fastpath's CNI plugin (installed as /opt/cni/bin/sriov):
-// it moves a ConnectX SR-IOV VF's netdev and RDMA device into the pod,
+// it moves an SR-IOV VF's netdev and RDMA device (any vendor's NIC:
+// ConnectX, Intel E810, Broadcom, igb; docs/vendors.md) into the pod,
 // applies the VF's settings on its PF, runs IPAM, and on DEL puts
 // everything back.
 package main
@@ -25,5 +26,5 @@ func main() {
 		// STATUS where the conf's version has none); ADD answers in that
 		// version's result, or refuses what it cannot express.
 		version.All,
-		"fastpath sriov CNI: ConnectX SR-IOV VFs with their RDMA devices")
+		"fastpath sriov CNI: SR-IOV VFs of any vendor's NIC (ConnectX first) with their RDMA devices")
 }

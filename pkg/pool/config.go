@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -225,10 +226,43 @@ func Parse(data []byte, opts ...Option) (*Config, error) {
 		}
 		seen[name] = r.Source
 	}
+	if err := checkNames(cfg); err != nil {
+		return nil, err
+	}
 	if err := pickNCCLEnv(cfg, nccl); err != nil {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// VendorPrefixes are the resource prefixes docs/pool-config.md names: each
+// format's default (rdma, mellanox.com), sriov-network-device-plugin's
+// (intel.com) and the other vendors' pools' (broadcom.com). Another loads
+// with a warning: a prefix is a namespace other device plugins share.
+var VendorPrefixes = []string{"rdma", "mellanox.com", "intel.com", "broadcom.com"}
+
+// gpuResources are the GPU device plugins' resource names (NVIDIA's,
+// its MIG slices', AMD's, Intel's): a pool of that name would be counted
+// against the same node capacity, and the kubelet takes one plugin's
+// registration for the other's.
+var gpuResources = []string{"nvidia.com/gpu", "nvidia.com/mig-", "amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe"}
+
+// checkNames refuses a pool named as a GPU resource and warns about a
+// prefix outside VendorPrefixes.
+func checkNames(cfg *Config) error {
+	for _, r := range cfg.Resources {
+		name := r.ResourceName()
+		for _, g := range gpuResources {
+			if name == g || strings.HasSuffix(g, "-") && strings.HasPrefix(name, g) {
+				return fmt.Errorf("%s: resource %q is a GPU device plugin's resource name: the kubelet would take this pool's registration and the GPU plugin's for one another; name the pool otherwise (e.g. mellanox.com/%s)", r.Source, name, r.Name)
+			}
+		}
+		if !slices.Contains(VendorPrefixes, r.Prefix) {
+			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s (%s): resource prefix %q is none of %s: check that no other device plugin on the node (the GPU operator's nvidia.com/…, a vendor's own) serves a resource of this name, or the two collide",
+				r.Source, name, r.Prefix, strings.Join(VendorPrefixes, ", ")))
+		}
+	}
+	return nil
 }
 
 // pickNCCLEnv sets Resource.NCCLEnv by the rule in Parse's comment and

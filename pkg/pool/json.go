@@ -8,6 +8,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // value is one decoded JSON value that remembers where it came from, so
@@ -30,13 +31,39 @@ func decode(data []byte) (*value, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	v, err := decodeValue(dec, "")
+	if se := (*jsonSyntaxError)(nil); errors.As(err, &se) {
+		return nil, fmt.Errorf("invalid JSON at %s: %w", position(data, se.offset), se.err)
+	}
 	if err != nil {
 		return nil, err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("unexpected data after the top-level JSON object (offset %d)", dec.InputOffset())
+		return nil, fmt.Errorf("unexpected data after the top-level JSON object at %s", position(data, dec.InputOffset()))
 	}
 	return v, nil
+}
+
+// jsonSyntaxError is a syntax error at a byte offset of the input;
+// decode says where as a line and column.
+type jsonSyntaxError struct {
+	offset int64
+	err    error
+}
+
+func (e *jsonSyntaxError) Error() string {
+	return fmt.Sprintf("invalid JSON near offset %d: %v", e.offset, e.err)
+}
+
+func (e *jsonSyntaxError) Unwrap() error { return e.err }
+
+// position is "line L, column C" of byte offset off in data, both from 1,
+// the column in characters, as editors count them.
+func position(data []byte, off int64) string {
+	off = min(max(off, 0), int64(len(data)))
+	before := data[:off]
+	line := bytes.Count(before, []byte("\n")) + 1
+	col := utf8.RuneCount(before[bytes.LastIndexByte(before, '\n')+1:]) + 1
+	return fmt.Sprintf("line %d, column %d", line, col)
 }
 
 func decodeValue(dec *json.Decoder, path string) (*value, error) {
@@ -99,7 +126,7 @@ func syntaxError(err error, dec *json.Decoder) error {
 	if errors.Is(err, io.EOF) {
 		return errors.New("invalid JSON: unexpected end of input")
 	}
-	return fmt.Errorf("invalid JSON near offset %d: %w", dec.InputOffset(), err)
+	return &jsonSyntaxError{offset: dec.InputOffset(), err: err}
 }
 
 func join(path, key string) string {

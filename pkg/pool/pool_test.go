@@ -365,11 +365,12 @@ func TestBuildEdge(t *testing.T) {
 	require.Contains(t, all, "rdma/edge_hcas: 0000:86:00.3 is in exclusive pool mellanox.com/ib_vfs")
 }
 
-// Every seed config loads without a warning and, on the DGX fixture host
-// it is written for, gives pools that all have devices and no warning but
-// the one rail-spread.json means to give.
+// Every seed config loads without a warning and, on the fixture host it
+// is written for (the DGX, or the vendor host it is named after), gives
+// pools that all have devices and no warning but the one rail-spread.json
+// means to give.
 func TestSeedsHaveNoSurprises(t *testing.T) {
-	devs := scan(t, "dgx-h100")
+	hosts := map[string]string{"bnxt-re.json": "bnxt-re", "e810-irdma.json": "e810-irdma", "igb-qemu.json": "../sysfs-captured/igb-qemu"}
 	// rail-spread's second pool takes the VFs its first one left: the
 	// first pool that selects a function gets it, and Build says so.
 	meant := map[string][]string{
@@ -383,7 +384,11 @@ func TestSeedsHaveNoSurprises(t *testing.T) {
 			cfg, err := pool.Load(seed(e.Name()))
 			require.NoError(t, err)
 			require.Empty(t, cfg.Warnings)
-			pools, warns := pool.Build(cfg, devs)
+			host := hosts[e.Name()]
+			if host == "" {
+				host = "dgx-h100"
+			}
+			pools, warns := pool.Build(cfg, scan(t, host))
 			require.NotEmpty(t, pools)
 			for _, p := range pools {
 				require.NotEmpty(t, p.Devices, p.ResourceName())
@@ -486,5 +491,64 @@ func TestLinkTypesSelectVFIO(t *testing.T) {
 		pools, _ := pool.Build(cfg, devs)
 		require.Len(t, pools, 1)
 		require.Equal(t, tc.want, addrs(pools[0]), tc.linkTypes)
+	}
+}
+
+// Invalid JSON is placed by line and column, as an editor shows them.
+func TestParseSyntaxErrorLineColumn(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"stray comma", "{\n  \"resourceList\": [\n    {\"resourceName\": \"x\",, }\n  ]\n}\n", "invalid JSON at line 3, column 26: invalid character ','"},
+		{"after the object", `{"resourceList": [{"resourceName": "x", "selectors": {"isRdma": true}}]} x`, "unexpected data after the top-level JSON object at line 1, column 74"},
+		{"a multi-byte name before", "{\"resourceList\": [{\"resourceName\": \"ü\" \"x\"}]}", "invalid JSON at line 1, column 40"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := pool.Parse([]byte(tc.in))
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+// A prefix outside pool.VendorPrefixes loads with a warning naming the
+// collision risk; a GPU plugin's resource name does not load.
+func TestResourcePrefixWarningsAndGPUNames(t *testing.T) {
+	entry := func(prefix, name string) string {
+		return `{"resourceList": [{"resourceName": "` + name + `", "resourcePrefix": "` + prefix + `", "selectors": {"isRdma": true}}]}`
+	}
+	for _, tc := range []struct {
+		prefix, name string
+		warn         bool
+		err          string
+	}{
+		{"mellanox.com", "vfs", false, ""},
+		{"intel.com", "e810_vfs", false, ""},
+		{"broadcom.com", "bnxt_rdma", false, ""},
+		{"rdma", "hca", false, ""},
+		{"example.com", "vfs", true, ""},
+		{"nvidia.com", "hostdev", true, ""},
+		{"nvidia.com", "gpu", false, `resource "nvidia.com/gpu" is a GPU device plugin's resource name`},
+		{"nvidia.com", "mig-1g.10gb", false, "GPU device plugin's resource name"},
+		{"amd.com", "gpu", false, "GPU device plugin's resource name"},
+	} {
+		t.Run(tc.prefix+"/"+tc.name, func(t *testing.T) {
+			cfg, err := pool.Parse([]byte(entry(tc.prefix, tc.name)))
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			var warns []string
+			for _, w := range cfg.Warnings {
+				if strings.Contains(w, "resource prefix") {
+					warns = append(warns, w)
+				}
+			}
+			if !tc.warn {
+				require.Empty(t, warns)
+				return
+			}
+			require.Len(t, warns, 1)
+			require.Contains(t, warns[0], `resource prefix "`+tc.prefix+`" is none of rdma, mellanox.com, intel.com, broadcom.com`)
+			require.Contains(t, warns[0], "collide")
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -20,7 +21,10 @@ import (
 // it to the kubelet stand-in, and `rdma-device-plugin doctor` on it —
 // healthy, then after one rail's VFs are disabled.
 func (d *demo) doctor(ctx context.Context, stub *kubeletstub.Stub, bin, kdir, config string) error {
-	d.step("doctor on the fixture host (a copy with real char devices), the plugin serving it, the CNI built above")
+	d.step("doctor on the fixture host, the plugin serving it, the CNI built above")
+	fmt.Fprintln(d.out, "  (another host: a copy of dgx-h100 whose /dev/infiniband holds real char devices, made with mknod as\n"+
+		"   udev makes them on a node, where the committed host has empty files; its path is gone after the demo:\n"+
+		"   on the committed host, go run ./cmd/rdma-device-plugin doctor --host-root testdata/sysfs/dgx-h100 --config testdata/config/combined.json)")
 	host := filepath.Join(d.work, "node")
 	if err := fixture.Write(host, "dgx-h100"); err != nil {
 		return err
@@ -31,7 +35,8 @@ func (d *demo) doctor(ctx context.Context, stub *kubeletstub.Stub, bin, kdir, co
 	var dpLog bytes.Buffer
 	dp := exec.CommandContext(ctx, filepath.Join(bin, "rdma-device-plugin"), "--host-root", host, "--node-root", host, "--config", config,
 		"--kubelet-dir", kdir, "--devinfo-dir", filepath.Join(d.work, "devinfo-doctor"), "--metrics-addr", "", "--log-level", "warn")
-	dp.Stdout, dp.Stderr = &dpLog, &dpLog
+	dp.Stdout = io.MultiWriter(&dpLog, d.logs)
+	dp.Stderr = dp.Stdout
 	if err := dp.Start(); err != nil {
 		return err
 	}
@@ -87,7 +92,11 @@ func (d *demo) runDoctor(bin string, args []string, want int) error {
 	} else if err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "  $ rdma-device-plugin %s\n", strings.Join(args, " "))
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = shellQuote(a)
+	}
+	fmt.Fprintf(d.out, "  $ rdma-device-plugin %s\n", strings.Join(quoted, " "))
 	for _, l := range strings.Split(strings.TrimRight(out.String(), "\n"), "\n") {
 		fmt.Fprintf(d.out, "  %s\n", l)
 	}
@@ -96,4 +105,14 @@ func (d *demo) runDoctor(bin string, args []string, want int) error {
 		return fmt.Errorf("doctor exited %d, want %d", code, want)
 	}
 	return nil
+}
+
+// shellQuote is a as a shell reads it back: two single quotes for the
+// empty string (a flag's empty value), quoted when it holds anything but
+// a path's or a flag's characters.
+func shellQuote(a string) string {
+	if a != "" && strings.Trim(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,") == "" {
+		return a
+	}
+	return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 }

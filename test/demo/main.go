@@ -72,6 +72,9 @@ type demo struct {
 	vfs    int
 	policy string
 	work   string
+	// logs is where the plugin's and the CNI's logs go (kept after the
+	// demo): its output is the story, their lines are in the file.
+	logs *os.File
 	// undo runs newest first on cleanup.
 	undo []func() error
 }
@@ -108,6 +111,14 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 		return err
 	}
 	d.defer_(func() error { return os.RemoveAll(d.work) })
+	if d.logs, err = os.CreateTemp("", "fastpath-demo-*.log"); err != nil {
+		return err
+	}
+	d.defer_(func() error {
+		fmt.Fprintf(d.out, "\nThe device plugin's and the CNI's logs: %s\n", d.logs.Name())
+		return d.logs.Close()
+	})
+	fmt.Fprintf(d.out, "The device plugin's and the CNI's logs go to %s; what follows is what each step did.\n", d.logs.Name())
 	bin := filepath.Join(d.work, "bin")
 
 	d.step("build")
@@ -127,6 +138,8 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 	}
 
 	d.step("device plugin on %s, registering with a kubelet stand-in", hostRoot)
+	fmt.Fprintf(d.out, "  (another host: the committed %s, whose 8 rails have 4 VFs each, 32 in all,\n"+
+		"   where the copy above got the seed policy's 8 per rail, 64: from here on the demo serves it)\n", filepath.Base(hostRoot))
 	kdir := filepath.Join(d.work, "device-plugins")
 	devinfoDir := filepath.Join(d.work, "devinfo")
 	if err := os.MkdirAll(kdir, 0o755); err != nil {
@@ -142,7 +155,8 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 	// this machine, where the device nodes it hands out are (--node-root).
 	dp := exec.Command(filepath.Join(bin, "rdma-device-plugin"), "--host-root", hostRoot, "--node-root", hostRoot, "--config", config,
 		"--kubelet-dir", kdir, "--devinfo-dir", devinfoDir, "--metrics-addr", "", "--log-level", "warn")
-	dp.Stdout, dp.Stderr = &dpLog, &dpLog
+	dp.Stdout = io.MultiWriter(&dpLog, d.logs)
+	dp.Stderr = dp.Stdout
 	if err := dp.Start(); err != nil {
 		return err
 	}
@@ -203,14 +217,14 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 		return err
 	}
 	cr := alloc.ContainerResponses[0]
-	fmt.Fprintln(d.out, "  container environment:")
+	fmt.Fprintln(d.out, "  container environment (NAME  value; NCCL_IB_HCA's leading = asks NCCL for exactly these HCAs, so mlx5_1 does not also match mlx5_12):")
 	var keys []string
 	for k := range cr.Envs {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		fmt.Fprintf(d.out, "    %s=%s\n", k, cr.Envs[k])
+		fmt.Fprintf(d.out, "    %-44s %s\n", k, cr.Envs[k])
 	}
 	fmt.Fprintln(d.out, "  container devices:")
 	for _, spec := range cr.Devices {
@@ -261,7 +275,7 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 		return err
 	}
 	cni := libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(d.work, "cni-cache"),
-		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}})
+		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: d.logs}, PluginDecoder: version.PluginDecoder{}})
 	os.Setenv("FASTPATH_HOST_ROOT", hostRoot) // the CNI reads the fixture's sysfs
 	os.Setenv("FASTPATH_CNI_NODE_CONFIG", nodeConf)
 	rts := make([]*libcni.RuntimeConf, len(chosen))
@@ -279,6 +293,7 @@ func (d *demo) run(ctx context.Context, hostRoot, config string) error {
 		}
 		fmt.Fprintf(d.out, "  ADD %s -> %s %s\n", id, r.Interfaces[0].Name, r.IPs[0].Address.String())
 	}
+	fmt.Fprintf(d.out, "  (the fixture's RDMA devices are not this kernel's: the CNI leaves them in the host netns and says so in %s)\n", d.logs.Name())
 	fmt.Fprintln(d.out, "  the pod's netns:")
 	if err := d.showPod(podPath); err != nil {
 		return err

@@ -24,6 +24,7 @@ import (
 // PF); discover then shows them in the policy's pool.
 func (d *demo) provision(ctx context.Context, bin, policy string) error {
 	d.step("VFs from the seed's SriovNetworkNodePolicy (%s) on a DGX host that has none", policy)
+	fmt.Fprintln(d.out, "  (the host: a copy of testdata/sysfs/dgx-h100-novfs, the DGX after a reboot, before anything made VFs)")
 	host := filepath.Join(d.work, "node-novfs")
 	if err := fixture.Write(host, "dgx-h100-novfs"); err != nil {
 		return err

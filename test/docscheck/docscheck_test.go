@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -115,9 +116,9 @@ func TestReadmeShort(t *testing.T) {
 	require.LessOrEqual(t, n, 200, "README.md has %d lines: move the detail into docs/", n)
 }
 
-// The README shows the seed's NetworkAttachmentDefinition and pod as
-// test/e2e-cluster/seed has them (and make e2e-cluster applies them).
-func TestReadmeSeed(t *testing.T) {
+// The README shows deployments/'s NetworkAttachmentDefinition and
+// example training pod as they are (comments aside).
+func TestReadmeExample(t *testing.T) {
 	root := repoRoot(t)
 	b, err := os.ReadFile(filepath.Join(root, "README.md"))
 	require.NoError(t, err)
@@ -127,13 +128,55 @@ func TestReadmeSeed(t *testing.T) {
 	require.True(t, ok)
 	docs := strings.Split(block, "\n---\n")
 	require.Len(t, docs, 2)
-	for i, f := range []string{"sriov-net-ib.yaml", "training-pod.yaml"} {
-		seed, err := os.ReadFile(filepath.Join(root, "test", "e2e-cluster", "seed", f))
+	for i, f := range []string{"30-network-attachment.yaml", "examples/training-pod.yaml"} {
+		shipped, err := os.ReadFile(filepath.Join(root, "deployments", f))
 		require.NoError(t, err)
-		want, err := yaml.YAMLToJSON(seed)
+		want, err := yaml.YAMLToJSON(shipped)
 		require.NoError(t, err)
-		got, err := yaml.YAMLToJSON([]byte(docs[i]))
+		got, err := yaml.YAMLToJSON([]byte(docs[i] + "\n")) // the newline the split took
 		require.NoError(t, err)
-		require.JSONEq(t, string(want), string(got), "README.md's seed block differs from test/e2e-cluster/seed/%s", f)
+		require.JSONEq(t, string(want), string(got), "README.md's example differs from deployments/%s", f)
+	}
+}
+
+// helpPages are the pages that document each command's flags: every flag
+// its --help lists is there. rdma-device-plugin-dra's are its DRA flags
+// (the others are rdma-device-plugin's, on that command's page).
+var helpPages = map[string]string{
+	"rdma-device-plugin":           "docs/device-plugin.md",
+	"rdma-device-plugin serve":     "docs/device-plugin.md",
+	"rdma-device-plugin discover":  "docs/install.md",
+	"rdma-device-plugin doctor":    "docs/troubleshooting.md",
+	"rdma-device-plugin provision": "docs/vfs.md",
+	"rdma-device-plugin-dra":       "docs/dra.md",
+}
+
+// Every flag of every --help is documented on its command's page (the
+// other direction, every documented flag exists, is TestDocs').
+func TestEveryHelpFlagDocumented(t *testing.T) {
+	root := repoRoot(t)
+	flags := knownFlags(t)
+	for cmd, fs := range flags {
+		if cmd == "sriov" {
+			require.Empty(t, fs, "the CNI takes flags now: give it a page in helpPages")
+			continue
+		}
+		page, ok := helpPages[cmd]
+		if !ok {
+			// The DRA build's subcommands are the lean build's.
+			require.True(t, strings.HasPrefix(cmd, "rdma-device-plugin-dra "), "%s: no page in helpPages", cmd)
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(root, page))
+		require.NoError(t, err)
+		for f := range fs {
+			if f == "h" || f == "help" || cmd == "rdma-device-plugin-dra" && flags["rdma-device-plugin"][f] {
+				continue
+			}
+			re := regexp.MustCompile(`(^|[\s` + "`" + `\[(])--?` + regexp.QuoteMeta(f) + `([^A-Za-z0-9-]|$)`)
+			if !re.Match(b) {
+				t.Errorf("%s --help has --%s, which %s does not document", cmd, f, page)
+			}
+		}
 	}
 }

@@ -120,6 +120,27 @@ type Options struct {
 	// the node; nil skips the provisioning checks.
 	PolicyPath string
 	Plan       *provision.Plan
+	// Fixture says HostRoot is a fixture host (IsFixture): regular files
+	// under /dev/infiniband stand in for the char devices there, and the
+	// report says so once instead of failing each.
+	Fixture bool
+}
+
+// FixtureMarker is the file at the top of a fixture host that
+// internal/fixture (make fixtures) and the captured hosts carry; its
+// fixture.Marker is the same name. Git cannot hold device nodes, so a
+// fixture's /dev/infiniband has empty files where a node has char devices.
+const FixtureMarker = "fastpath-fixture"
+
+// IsFixture says root is a fixture host: it has FixtureMarker and is not
+// this machine's running kernel (a node's / never counts, marker or not,
+// so a real node's missing or fake char devices are still failures).
+func IsFixture(root string) bool {
+	if SameKernel(root) {
+		return false
+	}
+	fi, err := os.Stat(filepath.Join(root, FixtureMarker))
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // Build identifies a fastpath build.
@@ -205,6 +226,11 @@ func Run(o Options) *Report {
 		o.ProcRoot = "/proc"
 	}
 	h := &host{opts: o, root: o.HostRoot}
+	if o.Fixture {
+		h.add("fixture", Skip, filepath.Join(o.HostRoot, FixtureMarker),
+			"a fixture host, not a node: empty files under its /dev/infiniband stand in for char devices (git holds no device nodes); the kubelet and CNI checks run only on the directories given",
+			"run doctor on a node for the real thing; --kubelet-dir, --cni-bin-dir and --cni-conf-dir check a fixture's own")
+	}
 	scanOK := h.scan()
 	h.readCheckpoint()
 	if scanOK {

@@ -76,6 +76,10 @@ type Options struct {
 	// (default 200 ms).
 	RegisterTimeout time.Duration
 	RetryInterval   time.Duration
+	// WaitLogInterval is how often the plugin says again that it waits
+	// for a kubelet.sock that is absent (it says so at once the first
+	// time); default 5 minutes.
+	WaitLogInterval time.Duration
 	// ReleaseMemory gives a scan's garbage back to the OS (serve.go:
 	// debug.FreeOSMemory, a GC and a release); nil: never. A scan
 	// allocates several times what the pools keep and the daemon then
@@ -118,6 +122,9 @@ type Manager struct {
 	// seen is a new kubelet even when the file system reuses the inode and
 	// the (coarse) ctime matches.
 	kubeletGone bool
+	// waitingSince is when kubelet.sock was first seen absent; zero while
+	// it exists.
+	waitingSince time.Time
 	// registered are the resources registered with that kubelet.
 	registered map[string]bool
 	// registeredOnce is set once the first registration round is over:
@@ -160,6 +167,9 @@ func NewManager(opts Options) (*Manager, error) {
 	if opts.RegisterTimeout == 0 {
 		opts.RegisterTimeout = 5 * time.Second
 	}
+	if opts.WaitLogInterval == 0 {
+		opts.WaitLogInterval = 5 * time.Minute
+	}
 	if opts.RetryInterval == 0 {
 		opts.RetryInterval = 200 * time.Millisecond
 	}
@@ -200,9 +210,19 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
+	// While kubelet.sock is absent, a reminder every WaitLogInterval: a
+	// plugin that waits says so (reconcile said it the first time).
+	waitLog := time.NewTimer(time.Hour)
+	waitLog.Stop()
+	defer waitLog.Stop()
+	waitLogArmed := false
 	schedule := func(ok bool) {
 		if !ok {
 			retry.Reset(m.opts.RetryInterval)
+		}
+		if !m.waitingSince.IsZero() && !waitLogArmed {
+			waitLog.Reset(m.opts.WaitLogInterval)
+			waitLogArmed = true
 		}
 	}
 	// Registration first: the link subscription (its dump of every link
@@ -294,6 +314,14 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 			m.rescan(ctx, false, ticker)
 		case <-retry.C:
 			schedule(m.reconcile(ctx))
+		case <-waitLog.C:
+			waitLogArmed = false
+			if !m.waitingSince.IsZero() {
+				m.log.Warn("still waiting for the kubelet: no kubelet.sock, so no pool is registered",
+					"socket", m.kubeletSock(), "waited", time.Since(m.waitingSince).Round(time.Second).String())
+				waitLog.Reset(m.opts.WaitLogInterval)
+				waitLogArmed = true
+			}
 		case <-release.C:
 			if d := m.releaseWait(time.Now()); d > 0 {
 				release.Reset(d)

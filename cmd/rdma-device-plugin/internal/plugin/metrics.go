@@ -23,6 +23,7 @@ type Metrics struct {
 	rescan        prometheus.Histogram
 	vfsDesired    *prometheus.GaugeVec
 	vfsActual     *prometheus.GaugeVec
+	reloadErrors  prometheus.Counter
 }
 
 // NewMetrics creates the metrics, fastpath_build_info for build and the
@@ -64,6 +65,10 @@ func NewMetrics(build version.Info) *Metrics {
 			Namespace: "fastpath", Subsystem: "provision", Name: "vfs",
 			Help: "VFs the PF has (sriov_numvfs), for the PFs a policy owns.",
 		}, []string{"pf"}),
+		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "fastpath", Subsystem: "config", Name: "reload_errors_total",
+			Help: "Changes of the pool config file that did not load: the plugin kept its last good config.",
+		}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "fastpath", Name: "build_info",
@@ -71,7 +76,7 @@ func NewMetrics(build version.Info) *Metrics {
 		ConstLabels: prometheus.Labels{"version": build.Version, "revision": build.Revision, "goversion": build.GoVersion},
 	})
 	info.Set(1)
-	m.Registry.MustRegister(info, m.devices, m.healthy, m.allocations, m.registrations, m.rescan, m.vfsDesired, m.vfsActual,
+	m.Registry.MustRegister(info, m.devices, m.healthy, m.allocations, m.registrations, m.rescan, m.vfsDesired, m.vfsActual, m.reloadErrors,
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewGoCollector())
 	return m
@@ -125,6 +130,14 @@ func (m *Metrics) SetVFs(pf, policy string, desired, actual int) {
 	}
 	m.vfsDesired.WithLabelValues(pf, policy).Set(float64(desired))
 	m.vfsActual.WithLabelValues(pf).Set(float64(actual))
+}
+
+// reloadRejected counts a config change that did not load.
+func (m *Metrics) reloadRejected() {
+	if m == nil {
+		return
+	}
+	m.reloadErrors.Inc()
 }
 
 // Handler serves the metrics in the Prometheus exposition formats

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -29,6 +32,8 @@ func TestMetricsLint(t *testing.T) {
 	m.registered("mellanox.com/rails", nil)
 	m.registered("mellanox.com/rails", errors.New("refused"))
 	m.rescanned(3 * time.Millisecond)
+	m.SetVFs("0000:18:00.0", "ib-rails", 8, 8)
+	m.reloadRejected()
 
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -53,12 +58,24 @@ func TestMetricsLint(t *testing.T) {
 	}
 	require.Equal(t, []string{
 		"fastpath_build_info",
+		"fastpath_config_reload_errors_total",
 		"fastpath_device_plugin_allocated_devices_total",
 		"fastpath_device_plugin_devices",
 		"fastpath_device_plugin_healthy_devices",
 		"fastpath_device_plugin_registrations_total",
 		"fastpath_device_plugin_rescan_duration_seconds",
+		"fastpath_provision_vfs",
+		"fastpath_provision_vfs_desired",
 	}, names)
+	// docs/device-plugin.md's metrics table lists exactly these.
+	page, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "docs", "device-plugin.md"))
+	require.NoError(t, err)
+	var documented []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `(fastpath_[a-z_]+)`").FindAllStringSubmatch(string(page), -1) {
+		documented = append(documented, m[1])
+	}
+	sort.Strings(documented)
+	require.Equal(t, names, documented, "docs/device-plugin.md's metrics table against what /metrics serves")
 
 	problems, err := promlint.New(bytes.NewReader(body)).Lint()
 	require.NoError(t, err)

@@ -719,3 +719,22 @@ func TestReturningVFRescans(t *testing.T) {
 	require.Len(t, r.Devices, 32)
 	require.Equal(t, pluginapi.Healthy, health(r)["0000:18:00.1"])
 }
+
+// Without kubelet.sock the plugin says at once that it waits, again every
+// WaitLogInterval while it does, and registers when the kubelet comes.
+func TestSaysItWaitsForTheKubelet(t *testing.T) {
+	var logs syncLog
+	h := newHarness(t, func(o *Options) {
+		o.Log = slog.New(slog.NewTextHandler(&logs, nil))
+		o.WaitLogInterval = 20 * time.Millisecond
+	}, dgxPools(t)...)
+	h.stub.Stop() // removes kubelet.sock
+	h.run()
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "still waiting for the kubelet") >= 2 },
+		10*time.Second, 5*time.Millisecond, "reminders while kubelet.sock is absent: %s", logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), "waiting for the kubelet: no kubelet.sock yet"), "the first notice once")
+	require.Contains(t, logs.String(), "level=WARN")
+
+	require.NoError(t, h.stub.Start())
+	h.registered("mellanox.com/rails", "mellanox.com/storage")
+}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -54,8 +55,15 @@ func (m *Manager) reconcile(ctx context.Context) bool {
 func (m *Manager) reconcileOnce(ctx context.Context) bool {
 	id, err := statID(m.kubeletSock())
 	if err != nil {
-		if m.kubelet != (fileID{}) || len(m.registered) > 0 {
+		switch {
+		case m.kubelet != (fileID{}) || len(m.registered) > 0:
 			m.log.Info("kubelet socket gone; waiting for the kubelet", "socket", m.kubeletSock())
+		case m.waitingSince.IsZero():
+			m.log.Warn("waiting for the kubelet: no kubelet.sock yet, so no pool is registered; if the kubelet runs, its device-plugins directory is elsewhere (--kubelet-dir, and the DaemonSet's hostPath)",
+				"socket", m.kubeletSock())
+		}
+		if m.waitingSince.IsZero() {
+			m.waitingSince = time.Now()
 		}
 		for _, s := range m.servers {
 			s.stop()
@@ -64,6 +72,7 @@ func (m *Manager) reconcileOnce(ctx context.Context) bool {
 		clear(m.registered)
 		return true // the Create event of kubelet.sock wakes us
 	}
+	m.waitingSince = time.Time{}
 	restartAll := id != m.kubelet || m.kubeletGone
 	m.kubeletGone = false
 	if restartAll && m.kubelet != (fileID{}) {

@@ -29,6 +29,8 @@ type Source struct {
 	// default route (DefaultRouteNetdevs), which no exclusive pool takes
 	// (pool.WithDefaultRoutes). Set it before the first Scan.
 	DefaultRoutes func() ([]string, error)
+	// Metrics counts the config changes that did not load; nil: none.
+	Metrics *Metrics
 
 	mu       sync.Mutex // guards the fields below
 	cfg      *pool.Config
@@ -88,6 +90,7 @@ func (s *Source) Scan(reloadConfig bool) (Scan, error) {
 		cfg, err := s.loadConfig()
 		if err != nil {
 			s.log.Error("config change rejected; keeping the last good config", "config", s.path, "err", err)
+			s.Metrics.reloadRejected()
 		} else {
 			s.log.Info("config reloaded", "config", s.path, "resources", len(cfg.Resources))
 			for _, w := range cfg.Warnings {

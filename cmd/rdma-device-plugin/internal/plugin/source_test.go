@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/version"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
@@ -23,6 +24,7 @@ func TestSourceReload(t *testing.T) {
 	var logs bytes.Buffer
 	src, err := NewSource(cfg, nic.NewScanner(fixtureRoot("dgx-h100")), slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
+	src.Metrics = NewMetrics(version.Info{})
 	names := func(s Scan) map[string]int {
 		out := map[string]int{}
 		for _, p := range s.Pools {
@@ -54,6 +56,22 @@ func TestSourceReload(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"mellanox.com/rails": 4}, names(s))
 	require.Contains(t, logs.String(), "config change rejected; keeping the last good config")
+	reloadErrors := func() float64 {
+		families, err := src.Metrics.Registry.Gather()
+		require.NoError(t, err)
+		for _, f := range families {
+			if f.GetName() == "fastpath_config_reload_errors_total" {
+				return f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatal("fastpath_config_reload_errors_total not served")
+		return 0
+	}
+	require.Equal(t, 1.0, reloadErrors(), "fastpath_config_reload_errors_total counts it")
+	write(`{"resourceList": [{"resourceName": "rails", "selectors": {"pfNames": ["ibp24s0"]}}]}`)
+	_, err = src.Scan(true)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, reloadErrors(), "a good reload is no error")
 
 	_, err = NewSource(filepath.Join(t.TempDir(), "none.json"), nic.NewScanner(fixtureRoot("dgx-h100")), slog.New(slog.DiscardHandler))
 	require.ErrorContains(t, err, "pool config file does not exist")
