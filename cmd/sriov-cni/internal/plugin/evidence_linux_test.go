@@ -4,7 +4,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -210,4 +213,40 @@ func TestTeardownLeavesOtherHostLinks(t *testing.T) {
 	requireUnchanged(t, br)
 	requireUnchanged(t, eth0p)
 	require.Contains(t, e.log.String(), "not the VF's own is never touched")
+}
+
+// GC skips a state the kernel does not confirm: the forged state of
+// TestAddForgedStateTouchesNothingElse, of this network and not valid.
+func TestGCSkipsStateNotTheKernels(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	br := bridge(t, "fpbr0")
+	vf := "0000:3b:00.2"
+	require.NoError(t, e.store().Save(&State{Phase: PhaseAdded, BootID: BootID(), Network: "rdma-net", ContainerID: "gone", IfName: "net1",
+		PCIAddress: vf, PFAddress: "0000:3b:00.0", PFNetdev: "ens1f1np1", VFIndex: 3, HostName: "fpbr0", HostMTU: 9000, HostAlias: "forged",
+		LinkMoved: true, VFApplied: []sriov.Setting{sriov.SettingVlan}, VFOrig: &sriov.VFConfig{Vlan: 42, Proto: sriov.VlanProto8021Q}}))
+	require.NoError(t, e.p.GC(&skel.CmdArgs{Path: e.cniPath, StdinData: []byte(e.conf(`"cni.dev/valid-attachments":[]`))}))
+	requireUnchanged(t, br)
+	require.Empty(t, pfChanges(e.pf))
+	require.Contains(t, e.log.String(), "vfIndex 3 does not match the kernel's 0")
+}
+
+// Upstream sriov-cni's cache naming a deviceID that is no VF in sysfs,
+// with another PF's VF 3 as Master and VFID: set aside, that VF untouched.
+func TestDelUpstreamCacheNotTheKernels(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	podNS := e.pod()
+	const ghost = "0000:3b:07.7"
+	cache := strings.NewReplacer(upstreamVF, ghost, `"Master":"`+upstreamPF+`"`, `"Master":"ens1f1np1"`, `"VFID":0`, `"VFID":3`).
+		Replace(upstreamCacheOf(e, "0a:00:00:00:00:01"))
+	require.Contains(t, cache, `"VFID":3`)
+	require.NoError(t, os.MkdirAll(e.stateDir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(e.stateDir, "c1-net1"), []byte(cache), 0o600))
+	e.pf.Set("ens1f1np1", 3, upstreamSettings)
+	e.pf.ResetCalls()
+
+	require.NoError(t, e.del(e.conf(`"deviceID":"`+ghost+`"`), podNS, "c1", "net1"))
+	require.Empty(t, pfChanges(e.pf))
+	require.Equal(t, upstreamSettings, e.pf.Get("ens1f1np1", 3))
+	require.Contains(t, ls(t, e.stateDir), "c1-net1.bad")
+	require.Contains(t, e.log.String(), ghost)
 }
