@@ -250,3 +250,36 @@ func TestDelUpstreamCacheNotTheKernels(t *testing.T) {
 	require.Contains(t, ls(t, e.stateDir), "c1-net1.bad")
 	require.Contains(t, e.log.String(), ghost)
 }
+
+// The pod renamed the VF's netdev and dressed a veth of its own as it
+// (CNI_IFNAME, the alias ADD set): DEL takes the VF by its device and
+// leaves the veth in the pod, rather than handing the pod a link into the
+// host netns.
+func TestDelTakesTheVFNotAnAliasedImpostor(t *testing.T) {
+	e := newEnv(t, "roce-cx6dx")
+	orig := e.standIn("ens1f0v1")
+	podNS := e.pod()
+	conf := e.conf(`"deviceID":"0000:3b:00.3"`)
+	_, err := e.add(conf, podNS, "c1", "net1")
+	require.NoError(t, err)
+	pod := mustOpen(t, podNS)
+	l, err := pod.Handle().LinkByName("net1")
+	require.NoError(t, err)
+	require.NoError(t, pod.Handle().LinkSetDown(l))
+	require.NoError(t, pod.Handle().LinkSetName(l, "eth9"))
+	require.NoError(t, pod.Handle().LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "net1"}, PeerName: "net1peer"}))
+	imp, err := pod.Handle().LinkByName("net1")
+	require.NoError(t, err)
+	require.NoError(t, pod.Handle().LinkSetAlias(imp, "ens1f0v1"))
+	vf, err := pod.Handle().LinkByName("eth9")
+	require.NoError(t, err)
+	require.Equal(t, "0000:3b:00.3", e.p.NetdevPCI(vf), "the stand-in is told for its VF in the pod, renamed")
+	require.Empty(t, e.p.NetdevPCI(imp))
+
+	require.NoError(t, e.del(conf, podNS, "c1", "net1"))
+	e.requireRestored(orig, "0000:3b:00.3")
+	_, err = linkIn(t, podNS, "net1")
+	require.NoError(t, err, "the pod's own veth stays in the pod")
+	_, err = netlink.LinkByName("net1peer")
+	require.Error(t, err, "nothing of the pod's reached the host")
+}

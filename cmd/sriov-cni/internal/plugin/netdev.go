@@ -105,9 +105,9 @@ func taken(n *netns.NS, name string) bool {
 // findNetdev finds the VF's netdev wherever a finished, failed or killed
 // ADD or DEL may have left it, the most specific place first:
 //   - the pinned temporary netns, which never holds anything else;
-//   - the pod netns: under CNI_IFNAME or any name, carrying the alias ADD
-//     set (the VF's host name), else whose device is the VF (upstream
-//     sriov-cni sets no alias);
+//   - the pod netns: whose device is the VF (CNI_IFNAME first), else under
+//     CNI_IFNAME or any name carrying the alias ADD set (the VF's host
+//     name), for a netdev whose device cannot be told;
 //   - the host netns: under a name sysfs lists for the VF (the kernel
 //     returns a VF from a destroyed netns under whatever name it had
 //     there), whose device is the VF, under CNI_IFNAME or any name with
@@ -126,10 +126,12 @@ func (p *Plugin) findNetdev(st *State, host, pod, via *netns.NS) (*netns.NS, str
 		}
 	}
 	if pod != nil {
-		if name := p.withAlias(pod, st, st.IfName, false); name != "" {
+		// The kernel's word first: a link the pod dressed in the alias
+		// is never taken while the VF's own netdev is there.
+		if name := p.linkOf(pod, st.PCIAddress, st.IfName); name != "" {
 			return pod, name
 		}
-		if name := p.linkOf(pod, st.PCIAddress, st.IfName); name != "" {
+		if name := p.withAlias(pod, st, st.IfName, false); name != "" {
 			return pod, name
 		}
 	}

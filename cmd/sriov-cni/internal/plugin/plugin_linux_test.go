@@ -64,9 +64,9 @@ type env struct {
 	stateDir string
 	ipamDir  string
 	log      bytes.Buffer
-	// vfOf is the VF each stand-in is, by its veth peer's ifindex
-	// (standInPCI).
-	vfOf map[int]string
+	// vfOf is the VF each stand-in is, by an alternative name of the
+	// stand-in's (standInPCI).
+	vfOf map[string]string
 }
 
 func newEnv(t *testing.T, fixture string) *env {
@@ -87,7 +87,7 @@ func newEnv(t *testing.T, fixture string) *env {
 	}
 	e.vfDriver = newIgbVF(e.pf)
 	e.p.VFDriver = e.vfDriver
-	e.vfOf = map[int]string{}
+	e.vfOf = map[string]string{}
 	e.p.NetdevPCI = e.standInPCI
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -112,7 +112,9 @@ func (e *env) standIn(name string) netlink.Link {
 	vfs, err := filepath.Glob(filepath.Join(e.p.HostRoot, "sys/bus/pci/devices/*/net", name))
 	require.NoError(e.t, err)
 	if len(vfs) == 1 {
-		e.vfOf[l.Attrs().ParentIndex] = filepath.Base(filepath.Dir(filepath.Dir(vfs[0])))
+		alt := "fpvf" + testnet.RandHex(4)
+		require.NoError(e.t, netlink.LinkAddAltName(l, alt))
+		e.vfOf[alt] = filepath.Base(filepath.Dir(filepath.Dir(vfs[0])))
 	}
 	return l
 }
@@ -121,14 +123,18 @@ func (e *env) standIn(name string) netlink.Link {
 // for the stand-ins: a VF netdev's parent device is its VF under any name,
 // in any netns, as the kernel reports it (rtnl_fill_ifinfo puts
 // dev_name(dev->dev.parent), net/core/rtnetlink.c, since 5.15); the
-// stand-in is told by its veth peer, which stays in the test's netns under
-// its own name. Every other link, the peers included, has no PCI parent,
-// as a bridge or veth has none.
+// stand-in is told by an alternative name standIn gave it, which the
+// kernel keeps across renames and moves to another netns (the netdev's
+// name nodes move with it in __dev_change_net_namespace,
+// net/core/dev.c). Every other link, the peers included, has no PCI
+// parent, as a bridge or veth has none.
 func (e *env) standInPCI(l netlink.Link) string {
-	if _, ok := l.(*netlink.Veth); !ok {
-		return ""
+	for _, alt := range l.Attrs().AltNames {
+		if vf, ok := e.vfOf[alt]; ok {
+			return vf
+		}
 	}
-	return e.vfOf[l.Attrs().ParentIndex]
+	return ""
 }
 
 // pod creates a named network namespace and returns its path.
