@@ -41,7 +41,7 @@ func plantForged(v, other *vf, bridge string) error {
 		"hostName": bridge, "hostMAC": "02:66:6f:72:67:64", "hostMTU": 1400, "hostAlias": "forged", "hostUp": true,
 		"podMAC": "02:00:00:00:00:01", "linkMoved": true,
 		"vfApplied": []string{"vlan", "trust", "spoofchk"},
-		"vfOrig":    map[string]any{"mac": "00:00:00:00:00:00", "vlan": 42, "proto": 0x8100, "spoofChk": false, "trust": true},
+		"vfOrig":    map[string]any{"mac": "00:00:00:00:00:00", "vlan": 42, "proto": 0x8100, "spoofchk": false, "trust": true},
 	}
 	b, err := json.Marshal(st)
 	if err != nil {
@@ -101,6 +101,10 @@ func evidenceChecks() []check {
 			}
 			if err := homeAndClean(v); err != nil {
 				errs = append(errs, err)
+			}
+			// Refused for what it names, not as a damaged file.
+			if b, err := os.ReadFile("/tmp/e2e-logs/cni.log"); err != nil || !strings.Contains(string(b), "does not match the kernel") {
+				errs = append(errs, fmt.Errorf("the CNI's log does not say the state does not match the kernel (%v)", err))
 			}
 			if _, err := os.Stat(filepath.Join(cniStateDir, v.addr+".json.bad")); err != nil {
 				errs = append(errs, fmt.Errorf("forged state not set aside: %w", err))
