@@ -13,7 +13,7 @@ import (
 
 // A state file is evidence, not instructions (issue 44): a forged state
 // for a real igbvf VF, of this boot, naming another PF's VF and a host
-// bridge, drives neither ADD's reclaim nor DEL: the other VF's settings on
+// link (a veth) as its netdev, drives neither ADD's reclaim nor DEL: the other VF's settings on
 // its PF and the bridge stay as they were, and the VF comes home.
 
 // hostLinkNow is what teardown could change on a host link.
@@ -61,9 +61,14 @@ func evidenceChecks() []check {
 			if err != nil {
 				return err
 			}
+			// A veth (the guest kernel has no bridge driver; veth is in
+			// its initramfs) stands for any host link that is no VF's.
 			const bridge = "fpforged0"
+			if err := modprobe("veth"); err != nil {
+				return err
+			}
 			_ = ipCmd("link", "del", bridge)
-			if err := ipCmd("link", "add", bridge, "type", "bridge"); err != nil {
+			if err := ipCmd("link", "add", bridge, "type", "veth", "peer", "name", "fpforged1"); err != nil {
 				return err
 			}
 			defer func() { _ = ipCmd("link", "del", bridge) }()
@@ -93,7 +98,7 @@ func evidenceChecks() []check {
 					errs = append(errs, fmt.Errorf("%s: %s", step.name, r))
 				}
 				if brNow, err := hostLinkNow(bridge); err != nil || brNow != brWas {
-					errs = append(errs, fmt.Errorf("after %s the bridge is %s (%v), was %s", step.name, brNow, err, brWas))
+					errs = append(errs, fmt.Errorf("after %s the host link is %s (%v), was %s", step.name, brNow, err, brWas))
 				}
 				if why := other.home(); why != "" {
 					errs = append(errs, fmt.Errorf("after %s the other PF's VF %s: %s", step.name, other, why))
