@@ -14,7 +14,7 @@ import (
 // A state file is evidence, not instructions (issue 44): a forged state
 // for a real igbvf VF, of this boot, naming another PF's VF and a host
 // link (a veth) as its netdev, drives neither ADD's reclaim nor DEL: the other VF's settings on
-// its PF and the bridge stay as they were, and the VF comes home.
+// its PF and the host link stay as they were, and the VF comes home.
 
 // hostLinkNow is what teardown could change on a host link.
 func hostLinkNow(name string) (string, error) {
@@ -27,9 +27,9 @@ func hostLinkNow(name string) (string, error) {
 }
 
 // plantForged writes a state for v as a forger would: this boot's ID, a
-// pod netns that is gone, and the bridge and other's PF and index in
+// pod netns that is gone, and the host link and other's PF and index in
 // place of the VF's own.
-func plantForged(v, other *vf, bridge string) error {
+func plantForged(v, other *vf, hostLink string) error {
 	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		return err
@@ -38,7 +38,7 @@ func plantForged(v, other *vf, bridge string) error {
 		"version": 2, "phase": "added", "bootID": strings.TrimSpace(string(boot)), "network": cniNet,
 		"containerID": "forger", "ifName": "net1", "netns": "/run/netns/no-such-pod",
 		"pciAddress": v.addr, "pfAddress": other.pf.addr, "pfNetdev": other.pf.netdev, "vfIndex": other.idx,
-		"hostName": bridge, "hostMAC": "02:66:6f:72:67:64", "hostMTU": 1400, "hostAlias": "forged", "hostUp": true,
+		"hostName": hostLink, "hostMAC": "02:66:6f:72:67:64", "hostMTU": 1400, "hostAlias": "forged", "hostUp": true,
 		"podMAC": "02:00:00:00:00:01", "linkMoved": true,
 		"vfApplied": []string{"vlan", "trust", "spoofchk"},
 		"vfOrig":    map[string]any{"mac": "00:00:00:00:00:00", "vlan": 42, "proto": 0x8100, "spoofchk": false, "trust": true},
@@ -63,16 +63,16 @@ func evidenceChecks() []check {
 			}
 			// A veth (the guest kernel has no bridge driver; veth is in
 			// its initramfs) stands for any host link that is no VF's.
-			const bridge = "fpforged0"
+			const hostLink = "fpforged0"
 			if err := modprobe("veth"); err != nil {
 				return err
 			}
-			_ = ipCmd("link", "del", bridge)
-			if err := ipCmd("link", "add", bridge, "type", "veth", "peer", "name", "fpforged1"); err != nil {
+			_ = ipCmd("link", "del", hostLink)
+			if err := ipCmd("link", "add", hostLink, "type", "veth", "peer", "name", "fpforged1"); err != nil {
 				return err
 			}
-			defer func() { _ = ipCmd("link", "del", bridge) }()
-			brWas, err := hostLinkNow(bridge)
+			defer func() { _ = ipCmd("link", "del", hostLink) }()
+			linkWas, err := hostLinkNow(hostLink)
 			if err != nil {
 				return err
 			}
@@ -89,7 +89,7 @@ func evidenceChecks() []check {
 				{"DEL of a forged state", "DEL", p.path},
 			} {
 				if step.name != "DEL" {
-					if err := plantForged(v, other, bridge); err != nil {
+					if err := plantForged(v, other, hostLink); err != nil {
 						return err
 					}
 				}
@@ -97,8 +97,8 @@ func evidenceChecks() []check {
 				if r.err != nil {
 					errs = append(errs, fmt.Errorf("%s: %s", step.name, r))
 				}
-				if brNow, err := hostLinkNow(bridge); err != nil || brNow != brWas {
-					errs = append(errs, fmt.Errorf("after %s the host link is %s (%v), was %s", step.name, brNow, err, brWas))
+				if linkNow, err := hostLinkNow(hostLink); err != nil || linkNow != linkWas {
+					errs = append(errs, fmt.Errorf("after %s the host link is %s (%v), was %s", step.name, linkNow, err, linkWas))
 				}
 				if why := other.home(); why != "" {
 					errs = append(errs, fmt.Errorf("after %s the other PF's VF %s: %s", step.name, other, why))
