@@ -13,8 +13,9 @@ import (
 
 // A state file is evidence, not instructions (issue 44): a forged state
 // for a real igbvf VF, of this boot, naming another PF's VF and a host
-// link (a veth) as its netdev, drives neither ADD's reclaim nor DEL: the other VF's settings on
-// its PF and the host link stay as they were, and the VF comes home.
+// link (a veth) as its netdev, drives neither ADD's reclaim nor DEL: the
+// other VF's settings on its PF and the host link stay as they were, and
+// the VF comes home.
 
 // hostLinkNow is what teardown could change on a host link.
 func hostLinkNow(name string) (string, error) {
