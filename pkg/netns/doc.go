@@ -21,7 +21,10 @@
 //
 // Older versions of fastpath's CNI bound each move's temporary namespace
 // to a file, so that it outlived a killed process; the CNI still opens
-// those it finds (Open, Links) and releases them (Unpin).
+// those it finds (OpenPin, Links) and releases them (Unpin). OpenPin never
+// follows a symlink and takes only a network namespace bound to the file
+// that is not the caller's own: a file in a state directory is evidence
+// of what an older version did, never a pointer to follow.
 //
 // Linux only.
 package netns

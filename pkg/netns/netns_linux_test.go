@@ -206,3 +206,62 @@ func TestUnpinPlainFile(t *testing.T) {
 	_, err := os.Stat(file)
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
+
+// OpenPin takes only a network namespace bound to the file itself: a
+// symlink (even to a real namespace), a regular file, a UTS namespace
+// and the caller's own network namespace are refused with ErrNotPin.
+func TestOpenPin(t *testing.T) {
+	testnet.RequireRoot(t, "bind-mounts namespaces")
+	dir := t.TempDir()
+	pinned := filepath.Join(dir, "pinned")
+	testnet.PinnedNetns(t, pinned)
+	bindOn := func(name, src string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, nil, 0o600))
+		require.NoError(t, unix.Mount(src, path, "", unix.MS_BIND, ""))
+		t.Cleanup(func() { _ = unix.Unmount(path, unix.MNT_DETACH) })
+		return path
+	}
+	symlinkTo := func(name, target string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.Symlink(target, path))
+		return path
+	}
+	regular := filepath.Join(dir, "regular")
+	require.NoError(t, os.WriteFile(regular, []byte("x"), 0o600))
+
+	n, err := netns.OpenPin(pinned)
+	require.NoError(t, err, "a namespace bound to the file")
+	n.Close()
+	for _, tc := range []struct{ name, path string }{
+		{"symlink to the own netns", symlinkTo("link-own", "/proc/self/ns/net")},
+		{"symlink to a pinned netns", symlinkTo("link-pinned", pinned)},
+		{"regular file", regular},
+		{"own netns bind-mounted", bindOn("own", "/proc/self/ns/net")},
+		{"UTS namespace bind-mounted", bindOn("uts", "/proc/self/ns/uts")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := netns.OpenPin(tc.path)
+			require.ErrorIs(t, err, netns.ErrNotPin)
+		})
+	}
+	_, err = netns.OpenPin(filepath.Join(dir, "missing"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// Unpin removes a symlink without following it: the namespace it points
+// to stays bound where it was.
+func TestUnpinSymlink(t *testing.T) {
+	testnet.RequireRoot(t, "bind-mounts namespaces")
+	dir := t.TempDir()
+	pinned := filepath.Join(dir, "pinned")
+	testnet.PinnedNetns(t, pinned)
+	link := filepath.Join(dir, "link")
+	require.NoError(t, os.Symlink(pinned, link))
+	require.NoError(t, netns.Unpin(link))
+	_, err := os.Lstat(link)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	n, err := netns.OpenPin(pinned)
+	require.NoError(t, err, "the target is still a bound namespace")
+	n.Close()
+}

@@ -124,6 +124,7 @@ func checks() []check {
 	cs = append(cs, provisionChecks()...)
 	cs = append(cs, serveChecks()...)
 	cs = append(cs, cniChecks()...)
+	cs = append(cs, evidenceChecks()...)
 	cs = append(cs, rdmaChecks()...)
 	cs = append(cs, benchChecks()...)
 	cs = append(cs, captureChecks()...) // last: it writes the logs out

@@ -36,7 +36,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
 	}
-	st, err := findAttachment(store, c, args)
+	st, err := p.findAttachment(store, c, args)
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "read state", err)
 	}
@@ -170,9 +170,9 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	var errs []error
 	for _, vf := range vfs {
-		st, err := store.Load(vf)
+		st, err := p.loadState(store, vf)
 		if err != nil {
-			log.Warn("unreadable state skipped", "vf", vf, "err", err)
+			log.Warn("unreadable state, or one the kernel does not confirm, skipped", "vf", vf, "err", err)
 			continue
 		}
 		if st.Network != c.Name || valid[types.GCAttachment{ContainerID: st.ContainerID, IfName: st.IfName}] {
@@ -216,9 +216,9 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 
 // findAttachment returns the state of the attachment args names on
 // network c.Name, or nil if there is none.
-func findAttachment(store *Store, c *NetConf, args *skel.CmdArgs) (*State, error) {
+func (p *Plugin) findAttachment(store *Store, c *NetConf, args *skel.CmdArgs) (*State, error) {
 	if id := c.deviceID(); id != "" {
-		st, err := store.Load(id)
+		st, err := p.loadState(store, id)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			return nil, nil
@@ -232,6 +232,11 @@ func findAttachment(store *Store, c *NetConf, args *skel.CmdArgs) (*State, error
 	st, err := store.Find(c.Name, args.ContainerID, args.IfName)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
+	}
+	if err == nil {
+		if cerr := p.checkState(st); cerr != nil {
+			return nil, fmt.Errorf("state %s: %w", store.path(st.PCIAddress), cerr)
+		}
 	}
 	return st, err
 }

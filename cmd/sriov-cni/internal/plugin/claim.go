@@ -111,7 +111,7 @@ func (p *Plugin) claim(ctx context.Context, log *slog.Logger, c *NetConf, store 
 		if err != nil {
 			return nil, "", fail(types.ErrTryAgainLater, id, "lock", err)
 		}
-		st, lerr := store.Load(id)
+		st, lerr := p.loadState(store, id)
 		switch judge(st, lerr, c.Name, args.ContainerID, args.IfName, boot) {
 		case vfStale:
 			// The reboot reset the VF and took the pod's netns along.

@@ -26,10 +26,7 @@ import (
 // leaves the netdev the kernel's (homeName), with a warning.
 func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, pod *netns.NS) error {
 	viaPath := store.netnsPath(st.PCIAddress)
-	var via *netns.NS
-	if n, err := netns.Open(viaPath); err == nil {
-		via = n
-	}
+	via := openPin(log, viaPath)
 	defer func() {
 		if via != nil {
 			via.Close()
@@ -39,7 +36,7 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 	home, moved := name, false
 	switch {
 	case where == nil:
-		log.Warn("VF netdev not found in the pod, the temporary or the host netns; was the VF removed?", "netdev", st.HostName)
+		log.Warn("VF netdev not found in the pod, the temporary or the host netns (a link that is not the VF's own is never touched); was the VF removed?", "netdev", st.HostName)
 	case where == host:
 		var err error
 		if home, err = p.restoreInHost(log, st, host, name); err != nil {
@@ -55,7 +52,7 @@ func (p *Plugin) restoreLink(log *slog.Logger, store *Store, st *State, host, po
 		log.Info("VF netdev returned to the host", "from", name, "name", home)
 		moved = true
 	}
-	if err := unpinIfEmpty(viaPath); err != nil {
+	if err := unpinIfEmpty(log, viaPath); err != nil {
 		return err
 	}
 	// The MAC of a netdev brought home, once home, where a VF driver that
@@ -108,75 +105,75 @@ func taken(n *netns.NS, name string) bool {
 // findNetdev finds the VF's netdev wherever a finished, failed or killed
 // ADD or DEL may have left it, the most specific place first:
 //   - the pinned temporary netns, which never holds anything else;
-//   - the pod netns: under CNI_IFNAME or any name, carrying the alias ADD
-//     set (the VF's host name), else whose device is the VF (upstream
-//     sriov-cni sets no alias);
+//   - the pod netns: whose device is the VF (CNI_IFNAME first), else under
+//     CNI_IFNAME or any name carrying the alias ADD set (the VF's host
+//     name), for a netdev whose device cannot be told;
 //   - the host netns: under a name sysfs lists for the VF (the kernel
 //     returns a VF from a destroyed netns under whatever name it had
 //     there), whose device is the VF, under CNI_IFNAME or any name with
 //     that alias, or under its original name.
 //
-// A link found by a name or an alias whose device is known to be another
-// is not the VF's.
+// A link found by a name or an alias is taken only when it is the VF's own
+// (isVFNetdev): in the host netns by the kernel's word, elsewhere unless
+// its device is known to be another. Nothing else is ever returned.
 func (p *Plugin) findNetdev(st *State, host, pod, via *netns.NS) (*netns.NS, string) {
 	if via != nil {
-		if names, err := via.Links(); err == nil && len(names) > 0 {
-			return via, names[0]
+		links, _ := via.Handle().LinkList()
+		for _, l := range links {
+			if l.Attrs().Flags&net.FlagLoopback == 0 && p.isVFNetdev(via, l, st.PCIAddress, false) {
+				return via, l.Attrs().Name
+			}
 		}
 	}
 	if pod != nil {
-		if name := p.withAlias(pod, st, st.IfName); name != "" {
+		// The kernel's word first: a link the pod dressed in the alias
+		// is never taken while the VF's own netdev is there.
+		if name := p.linkOf(pod, st.PCIAddress, st.IfName); name != "" {
 			return pod, name
 		}
-		if name := p.linkOf(pod, st.PCIAddress, st.IfName); name != "" {
+		if name := p.withAlias(pod, st, st.IfName, false); name != "" {
 			return pod, name
 		}
 	}
 	h := host.Handle()
 	ents, _ := os.ReadDir(filepath.Join(p.HostRoot, "sys/bus/pci/devices", st.PCIAddress, "net"))
 	for _, e := range ents {
-		if l, err := h.LinkByName(e.Name()); err == nil && p.mayBe(host, l, st.PCIAddress) {
+		if l, err := h.LinkByName(e.Name()); err == nil && p.isVFNetdev(host, l, st.PCIAddress, true) {
 			return host, e.Name()
 		}
 	}
 	if name := p.linkOf(host, st.PCIAddress); name != "" {
 		return host, name
 	}
-	if name := p.withAlias(host, st, st.IfName); name != "" {
+	if name := p.withAlias(host, st, st.IfName, true); name != "" {
 		return host, name
 	}
-	if l, err := h.LinkByName(st.HostName); st.HostName != "" && err == nil && p.mayBe(host, l, st.PCIAddress) {
+	if l, err := h.LinkByName(st.HostName); st.HostName != "" && err == nil && p.isVFNetdev(host, l, st.PCIAddress, true) {
 		return host, st.HostName
 	}
 	return nil, ""
 }
 
-// withAlias is the link in n whose alias is the VF's host name, which ADD
-// sets in the pod: the one named name first, else any; "" when the state
-// has no host name.
-func (p *Plugin) withAlias(n *netns.NS, st *State, name string) string {
+// withAlias is the link in n (the host netns when host) whose alias is the
+// VF's host name, which ADD sets in the pod, and that is the VF's own
+// (isVFNetdev): the one named name first, else any; "" when the state has
+// no host name.
+func (p *Plugin) withAlias(n *netns.NS, st *State, name string, host bool) string {
 	alias := st.HostName
 	if alias == "" {
 		return ""
 	}
 	h := n.Handle()
-	if l, err := h.LinkByName(name); err == nil && l.Attrs().Alias == alias && p.mayBe(n, l, st.PCIAddress) {
+	if l, err := h.LinkByName(name); err == nil && l.Attrs().Alias == alias && p.isVFNetdev(n, l, st.PCIAddress, host) {
 		return name
 	}
 	links, _ := h.LinkList()
 	for _, l := range links {
-		if l.Attrs().Alias == alias && p.mayBe(n, l, st.PCIAddress) {
+		if l.Attrs().Alias == alias && p.isVFNetdev(n, l, st.PCIAddress, host) {
 			return l.Attrs().Name
 		}
 	}
 	return ""
-}
-
-// mayBe reports whether l, a link in n, may be vf's netdev: its device is
-// vf or cannot be told (a virtual link has no PCI parent).
-func (p *Plugin) mayBe(n *netns.NS, l netlink.Link, vf string) bool {
-	dev := p.netdevPCI(n, l, false)
-	return dev == "" || dev == vf
 }
 
 // restoreInHost puts back, in place, the name, MAC, MTU and alias of the

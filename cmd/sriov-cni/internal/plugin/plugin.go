@@ -10,6 +10,14 @@
 // gone, when ADD was killed half-way, when the state file is damaged, and
 // twice.
 //
+// A state file is evidence, not instructions (evidence.go): before any
+// teardown, DEL, GC, CHECK or reclaim uses one, checkState confirms
+// against sysfs, by the VF's PCI address, that the VF, its PF, its PF
+// netdev, its index and its RDMA device are what the file says; one that
+// fails is set aside like a damaged one and the VF restored by its PCI
+// address alone. Teardown touches only a link that is the VF's own and
+// follows no leftover .netns pin that is not one.
+//
 // The flow is split by lifecycle: plan.go decides (pure, no I/O), add.go
 // reads the node and applies, teardown.go undoes (netdev.go brings the
 // netdev home), reclaim.go frees for ADD a VF whose pod is gone without a

@@ -64,6 +64,9 @@ type env struct {
 	stateDir string
 	ipamDir  string
 	log      bytes.Buffer
+	// vfOf is the VF each stand-in is, by an alternative name of the
+	// stand-in's (standInPCI).
+	vfOf map[string]string
 }
 
 func newEnv(t *testing.T, fixture string) *env {
@@ -85,6 +88,8 @@ func newEnv(t *testing.T, fixture string) *env {
 	}
 	e.vfDriver = newIgbVF(e.pf)
 	e.p.VFDriver = e.vfDriver
+	e.vfOf = map[string]string{}
+	e.p.NetdevPCI = e.standInPCI
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("plugin log:\n%s", e.log.String())
@@ -99,10 +104,38 @@ func (e *env) store() *Store {
 	return s
 }
 
-// standIn creates a veth named as a fixture VF netdev (testnet.StandIn).
+// standIn creates a veth named as a fixture VF netdev (testnet.StandIn),
+// which standInPCI then tells for that VF's; one of another name is no
+// VF's.
 func (e *env) standIn(name string) netlink.Link {
 	e.t.Helper()
-	return testnet.StandIn(e.t, nil, name)
+	l := testnet.StandIn(e.t, nil, name)
+	vfs, err := filepath.Glob(filepath.Join(e.p.HostRoot, "sys/bus/pci/devices/*/net", name))
+	require.NoError(e.t, err)
+	if len(vfs) == 1 {
+		alt := "fpvf" + testnet.RandHex(4)
+		require.NoError(e.t, netlink.LinkAddAltName(l, alt))
+		e.vfOf[alt] = filepath.Base(filepath.Dir(filepath.Dir(vfs[0])))
+	}
+	return l
+}
+
+// standInPCI plays the kernel's IFLA_PARENT_DEV_NAME (Plugin.NetdevPCI)
+// for the stand-ins: a VF netdev's parent device is its VF under any name,
+// in any netns, as the kernel reports it (rtnl_fill_ifinfo puts
+// dev_name(dev->dev.parent), net/core/rtnetlink.c, since 5.15); the
+// stand-in is told by an alternative name standIn gave it, which the
+// kernel keeps across renames and moves to another netns (the netdev's
+// name nodes move with it in __dev_change_net_namespace,
+// net/core/dev.c). Every other link, the peers included, has no PCI
+// parent, as a bridge or veth has none.
+func (e *env) standInPCI(l netlink.Link) string {
+	for _, alt := range l.Attrs().AltNames {
+		if vf, ok := e.vfOf[alt]; ok {
+			return vf
+		}
+	}
+	return ""
 }
 
 // pod creates a named network namespace and returns its path.
@@ -643,7 +676,7 @@ func TestAddDropsStateFromEarlierBoot(t *testing.T) {
 	store, err := NewStore(e.stateDir, nil)
 	require.NoError(t, err)
 	require.NoError(t, store.Save(&State{Phase: PhaseAdded, BootID: "a-boot-long-ago", Network: "rdma-net", ContainerID: "before-reboot",
-		IfName: "net1", PCIAddress: "0000:3b:01.5", HostName: "ens1f1v3"}))
+		IfName: "net1", PCIAddress: "0000:3b:01.5", PFAddress: "0000:3b:00.1", PFNetdev: "ens1f1np1", VFIndex: 3, HostName: "ens1f1v3"}))
 	podNS := e.pod()
 	conf := e.conf(`"deviceID":"0000:3b:01.5"`)
 	_, err = e.add(conf, podNS, "c1", "net1")

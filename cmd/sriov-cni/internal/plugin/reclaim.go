@@ -79,9 +79,8 @@ func (p *Plugin) readOwner(log *slog.Logger, store *Store, st *State) ownerFacts
 		return f
 	}
 	defer host.Close()
-	var via *netns.NS
-	if n, err := netns.Open(store.netnsPath(st.PCIAddress)); err == nil {
-		via = n
+	via := openPin(log, store.netnsPath(st.PCIAddress))
+	if via != nil {
 		defer via.Close()
 	}
 	if where, name := p.findNetdev(st, host, nil, via); where != nil {

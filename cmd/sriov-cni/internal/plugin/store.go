@@ -294,7 +294,7 @@ func (s *Store) clearLeftovers(vf string) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := unpinIfEmpty(s.netnsPath(vf)); err != nil {
+	if err := unpinIfEmpty(s.log, s.netnsPath(vf)); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -302,12 +302,18 @@ func (s *Store) clearLeftovers(vf string) error {
 
 // unpinIfEmpty releases the netns pinned at path (by a version that moved
 // VF netdevs through one) unless a link is still in it; a path that is not
-// there is fine.
-func unpinIfEmpty(path string) error {
+// there is fine. What is not such a pin (netns.OpenPin: a symlink, a plain
+// file, the plugin's own netns bound there) is removed without being
+// followed (netns.Unpin), with a log line.
+func unpinIfEmpty(log *slog.Logger, path string) error {
 	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if n, err := netns.Open(path); err == nil {
+	n, err := netns.OpenPin(path)
+	if errors.Is(err, netns.ErrNotPin) {
+		log.Warn("removing a leftover pinned netns that is not one this plugin made; not followed", "err", err)
+	}
+	if err == nil {
 		links, lerr := n.Links()
 		n.Close()
 		if lerr != nil {

@@ -86,7 +86,7 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 	defer func() { lock.Unlock(removeLock) }()
 	p.point("del:locked")
 
-	st, err := store.Load(vf)
+	st, err := p.loadState(store, vf)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		// A concurrent DEL finished it, nothing was attached, or
@@ -102,7 +102,7 @@ func (p *Plugin) detach(ctx context.Context, log *slog.Logger, c *NetConf, store
 		if serr != nil {
 			return fail(types.ErrIOFailure, vf, "set aside a bad state", serr)
 		}
-		log.Warn("state file could not be trusted; set aside, restoring what can be found by PCI address", "err", err, "to", to)
+		log.Warn("state file could not be trusted (damaged, or not what the kernel says of the VF); set aside, nothing it names is acted on, restoring what can be found by PCI address", "err", err, "to", to)
 		host, herr := netns.Current()
 		if herr != nil {
 			return fail(0, vf, "open host netns", herr)
@@ -227,7 +227,7 @@ func (p *Plugin) recoveryState(c *NetConf, args *skel.CmdArgs, vf string) *State
 	}
 	st.LinkMoved, st.HostName = true, d.Netdev
 	if st.HostName == "" && args.Netns != "" {
-		if pod, err := netns.Open(args.Netns); err == nil {
+		if pod := podNetns(slog.New(slog.DiscardHandler), args.Netns); pod != nil {
 			if l, err := pod.Handle().LinkByName(args.IfName); err == nil {
 				st.HostName = l.Attrs().Alias
 			}
@@ -249,6 +249,14 @@ func (p *Plugin) recoveryState(c *NetConf, args *skel.CmdArgs, vf string) *State
 // device-info file) apart from a failed IPAM DEL, which holds no VF.
 func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, st *State, host *netns.NS, args *skel.CmdArgs, lock *Lock) (restoreErr, ipamErr error) {
 	var errs []error
+	// Nothing the state names acts until the kernel confirms it
+	// (evidence.go); its callers set aside one that fails, so this
+	// catches a translated upstream cache and any caller that did not.
+	trusted := true
+	if err := p.checkState(st); err != nil {
+		trusted = false
+		log.Warn("state not confirmed by the kernel: the VF's settings on the PF and its RDMA device are left alone, only the VF's own netdev is restored", "err", err)
+	}
 	p.point("teardown:ipam")
 	if st.IPAMAdded && st.IPAMType != "" {
 		ipamErr = p.ipamDel(ctx, args, st.IPAMType, lock)
@@ -270,6 +278,8 @@ func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, s
 	p.point("teardown:vf")
 	switch {
 	case len(st.VFApplied) == 0 || st.VFOrig == nil:
+	case !trusted:
+		errs = append(errs, fmt.Errorf("VF settings on PF %s VF %d not restored: the kernel does not confirm them as the VF's", st.PFNetdev, st.VFIndex))
 	case st.PFNetdev == "":
 		// Only a translated upstream cache (upstreamState) gets here.
 		errs = append(errs, errors.New("VF settings: PF netdev unknown (not in sysfs, and the cache names no Master and VFID)"))
@@ -279,17 +289,14 @@ func (p *Plugin) teardown(ctx context.Context, log *slog.Logger, store *Store, s
 		}
 	}
 	if !st.VFIO {
-		var pod *netns.NS
-		if st.Netns != "" {
-			if n, err := netns.Open(st.Netns); err == nil {
-				pod = n
-				defer pod.Close()
-			} else if st.LinkMoved {
-				log.Info("pod netns gone; the kernel returned the VF to the host netns", "netns", st.Netns)
-			}
+		pod := podNetns(log, st.Netns)
+		if pod != nil {
+			defer pod.Close()
+		} else if st.Netns != "" && st.LinkMoved {
+			log.Info("pod netns gone; the kernel returned the VF to the host netns", "netns", st.Netns)
 		}
 		p.point("teardown:rdma")
-		if st.RDMAMoved && st.RDMADevice != "" && pod != nil {
+		if st.RDMAMoved && st.RDMADevice != "" && pod != nil && trusted {
 			present, err := p.RDMA.Present(st.RDMADevice, pod)
 			if err == nil && present {
 				err = p.RDMA.Move(st.RDMADevice, pod, host)

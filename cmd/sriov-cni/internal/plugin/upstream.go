@@ -36,7 +36,9 @@ import (
 // DEL; the failures are counted in <cache>.fastpath-attempts (a decimal
 // number) and, at maxDelAttempts, DEL gives up as it does on its own
 // state. A cache that cannot be trusted is set aside as <cache>.bad and
-// DEL goes on as without it. GC undoes, the same way, the caches of this
+// DEL goes on as without it, and so is one whose translation the kernel
+// does not confirm (checkState: deviceID not a VF in sysfs, its Master and
+// VFID not the VF's PF and index). GC undoes, the same way, the caches of this
 // network's attachments that are not valid (gcUpstream).
 
 // upstreamCache is what fastpath reads of upstream's cache: the JSON of
@@ -304,6 +306,12 @@ func (p *Plugin) delUpstream(ctx context.Context, log *slog.Logger, c *NetConf, 
 	defer host.Close()
 
 	st := p.upstreamState(log, uc, c, args, host)
+	if err := p.checkState(st); err != nil {
+		// Not the kernel's VF, PF and index (evidence.go): nothing the
+		// cache names is acted on.
+		store.setAsideUpstream(log, path, fmt.Errorf("upstream cache %s: %w", path, err))
+		return false, nil
+	}
 	if restoreErr, _ := p.teardown(ctx, log, store, st, host, args, lock); restoreErr != nil {
 		n := upstreamAttempts(path) + 1
 		if n < maxDelAttempts {

@@ -222,6 +222,7 @@ func TestDelUpstreamBadCacheSetAside(t *testing.T) {
 func TestNetdevPCIOfVirtualLink(t *testing.T) {
 	e := newEnv(t, "roce-cx6dx")
 	l := e.standIn(upstreamHost)
+	e.p.NetdevPCI = nil
 	host, err := netns.Current()
 	require.NoError(t, err)
 	defer host.Close()
