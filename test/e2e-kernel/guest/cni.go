@@ -61,6 +61,11 @@ func cniChecks() []check {
 		addA   cmdResult
 	)
 	return []check{
+		// First: cniVF (re)makes the CNI phase's VFs, which would take
+		// back a VF a pod of a later check holds.
+		{"cni/nad-paths-refused", func(g *guest) error {
+			return g.nadPathsRefused()
+		}},
 		{"cni/add-settings-no-mac", func(g *guest) error {
 			// every setting igb takes but mac; the pod stays for CHECK, ping,
 			// GC and DEL
@@ -116,9 +121,6 @@ func cniChecks() []check {
 				return fmt.Errorf("CHECK: %s", r)
 			}
 			return nil
-		}},
-		{"cni/nad-paths-refused", func(g *guest) error {
-			return g.nadPathsRefused()
 		}},
 		{"cni/status", func(g *guest) error {
 			if err := g.needs("setup/pfs"); err != nil {
