@@ -2,6 +2,8 @@ module github.com/fastpath-k8s/fastpath
 
 go 1.26.8
 
+toolchain go1.26.11
+
 require (
 	github.com/Mellanox/rdmamap v1.1.0
 	github.com/containernetworking/cni v1.3.1
