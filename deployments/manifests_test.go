@@ -46,7 +46,7 @@ var pluginFlagDefaults = map[string]string{
 	"pod-resources-socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
 	"kubelet-dir":          "/var/lib/kubelet/device-plugins",
 	"devinfo-dir":          "/var/run/k8s.cni.cncf.io/devinfo/dp",
-	"metrics-addr":         ":8478",
+	"metrics-addr":         "127.0.0.1:8478",
 	"log-level":            "info",
 	"cdi-spec-dir":         "",
 	"use-cdi":              "false",
@@ -541,9 +541,15 @@ func requireDaemonSetCaps(t *testing.T, m *manifests, caps []corev1.Capability, 
 	requireHostDir(t, spec, c, flags["devinfo-dir"], false)
 	requireHostDir(t, spec, c, path.Dir(pluginFlag(flags, "pod-resources-socket")), true)
 
-	// Liveness and readiness on the port --metrics-addr listens on.
-	_, portStr, err := net.SplitHostPort(flags["metrics-addr"])
+	// Liveness and readiness on the port --metrics-addr listens on, which
+	// is bound to the node's own address (issue 44, finding 7): the
+	// kubelet's probes go to the pod's IP, the node's under hostNetwork.
+	hostStr, portStr, err := net.SplitHostPort(flags["metrics-addr"])
 	require.NoError(t, err)
+	require.Equal(t, "$(HOST_IP)", hostStr, "--metrics-addr: the node's address, not every interface")
+	require.Contains(t, c.Env, corev1.EnvVar{Name: "HOST_IP", ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}})
+	require.True(t, spec.HostNetwork, "the pod's IP is the node's")
 	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
 		require.NotNil(t, probe, "%s probe", name)
 		require.NotNil(t, probe.HTTPGet, "%s probe", name)
@@ -555,6 +561,7 @@ func requireDaemonSetCaps(t *testing.T, m *manifests, caps []corev1.Capability, 
 			port = fmt.Sprint(c.Ports[i].ContainerPort)
 		}
 		require.Equal(t, portStr, port, "%s probe port vs --metrics-addr %s", name, flags["metrics-addr"])
+		require.Empty(t, probe.HTTPGet.Host, "%s probe: the pod's IP, where --metrics-addr listens", name)
 	}
 }
 
