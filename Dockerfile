@@ -15,8 +15,15 @@
 # /usr/bin/rdma-device-plugin  the device plugin (deployments/20-daemonset.yaml)
 # /usr/bin/sriov               the CNI plugin, copied to the node's /opt/cni/bin
 #                              by the DaemonSet's init container
+#                              (rdma-device-plugin install-cni)
+#
+# Base images by full version tag, the Go one the toolchain go.mod names. A
+# release also pins them by digest, resolved where a registry is reachable
+# (docs/security.md, finding 6):
+#   crane digest golang:1.26.11-trixie; crane digest debian:13.2-slim
+# and FROM golang:1.26.11-trixie@sha256:DIGEST etc.
 
-FROM --platform=$BUILDPLATFORM golang:1.26 AS build
+FROM --platform=$BUILDPLATFORM golang:1.26.11-trixie AS build
 ARG TARGETOS=linux
 ARG TARGETARCH
 # Printed by --version and the startup log, exported as fastpath_build_info
@@ -42,9 +49,10 @@ RUN GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace,nodra
  && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace -ldflags "$LDFLAGS" -o /out/rdma-device-plugin-dra ./cmd/rdma-device-plugin \
  && GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -tags grpcnotrace -ldflags "$LDFLAGS" -o /out/sriov ./cmd/sriov-cni
 
-# Debian slim rather than distroless: the init container installs the CNI
-# binary with sh, cp and mv (copy to a temporary name, then rename).
-FROM debian:trixie-slim
+# Debian slim: kubectl debug and exec sessions get a shell and the usual
+# tools. The init container runs no shell: it installs the CNI binary with
+# rdma-device-plugin install-cni.
+FROM debian:13.2-slim
 ARG VERSION=dev
 ARG REVISION=unknown
 LABEL org.opencontainers.image.version="$VERSION" \

@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-kernel bench-cni-kernel image-tar fixtures clean soak fuzz
+.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-kernel bench-cni-kernel image-tar fixtures clean soak fuzz vulncheck
 
 all: lint build test
 
@@ -139,6 +139,31 @@ rdma-check:
 FUZZTIME ?= 5s
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) BIN=$(BIN) test/fuzz/run.sh
+
+# Known vulnerabilities in what the binaries link (docs/security.md):
+# govulncheck, from the module proxy, over every package. Its database is
+# VULNDB (a URL such as https://vuln.go.dev, or file:///DIR) when set;
+# otherwise it is built here from the golang.org/x/vulndb module, which the
+# module proxy serves too (its data/osv and cmd/indexdb), so the scan needs
+# no access but the module proxy's. VULNDB_VERSION=latest takes the newest
+# reports.
+GOVULNCHECK_VERSION ?= v1.10.0
+VULNDB_VERSION ?= latest
+VULNDB ?=
+vulncheck:
+	@set -euo pipefail; mkdir -p $(BIN); \
+	GOFLAGS= GOBIN=$(abspath $(BIN)) $(GO) install golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION); \
+	db='$(VULNDB)'; \
+	if [ -z "$$db" ]; then \
+		mod=$$(GOFLAGS= $(GO) mod download -json golang.org/x/vulndb@$(VULNDB_VERSION)); \
+		dir=$$(jq -r .Dir <<<"$$mod"); ver=$$(jq -r .Version <<<"$$mod"); \
+		[ -d "$$dir/data/osv" ] || { echo "vulncheck: golang.org/x/vulndb@$$ver has no data/osv"; exit 1; }; \
+		rm -rf $(BIN)/vulndb; \
+		GOFLAGS= $(GO) run golang.org/x/vulndb/cmd/indexdb@$$ver -vulns "$$dir/data/osv" -out $(abspath $(BIN))/vulndb; \
+		db=file://$(abspath $(BIN))/vulndb; \
+	fi; \
+	echo "govulncheck $(GOVULNCHECK_VERSION), database $$db"; \
+	$(BIN)/govulncheck -db "$$db" $(PKGS)
 
 # Fault injection, as root: every TestSoak... test in the repo (kills at
 # random moments and at every step boundary, races, garbage input, a leak

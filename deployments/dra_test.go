@@ -127,14 +127,16 @@ func TestKustomizeDRA(t *testing.T) {
 			require.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: m.serviceAccounts[0].Name, Namespace: m.serviceAccounts[0].Namespace}}, b.Subjects)
 			require.Equal(t, draSA, "system:serviceaccount:"+b.Subjects[0].Namespace+":"+b.Subjects[0].Name)
 
-			// The admission policy binds to the plugin's service account.
-			require.Len(t, m.admissionPolicies, 1)
-			p := m.admissionPolicies[0]
-			require.Len(t, p.Spec.MatchConditions, 1)
-			require.Contains(t, p.Spec.MatchConditions[0].Expression, `"`+draSA+`"`)
-			require.Contains(t, p.Spec.Validations[1].Expression, `"`+draDriver+`"`)
-			require.Len(t, m.policyBindings, 1)
-			require.Equal(t, p.Name, m.policyBindings[0].Spec.PolicyName)
+			// The admission policies (ResourceSlices, ResourceClaims'
+			// status) bind to the plugin's service account.
+			require.Len(t, m.admissionPolicies, 2)
+			require.Len(t, m.policyBindings, 2)
+			for i, p := range m.admissionPolicies {
+				require.Len(t, p.Spec.MatchConditions, 1)
+				require.Contains(t, p.Spec.MatchConditions[0].Expression, `"`+draSA+`"`)
+				require.Equal(t, p.Name, m.policyBindings[i].Spec.PolicyName)
+			}
+			require.Contains(t, m.admissionPolicies[0].Spec.Validations[1].Expression, `"`+draDriver+`"`)
 
 			require.Len(t, m.deviceClasses, 1)
 			require.Equal(t, draDeviceClass, m.deviceClasses[0].Name)

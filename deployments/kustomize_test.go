@@ -93,6 +93,9 @@ func TestKustomizeBase(t *testing.T) {
 	img := k.Images[0]
 	require.Equal(t, imageName, img.Name)
 	want := img.NewName + ":" + img.NewTag
+	if img.Digest != "" { // a release's (kustomize edit set image NAME:TAG@sha256:…)
+		want += "@" + img.Digest
+	}
 
 	got := render(t, ".")
 	requireDaemonSet(t, got)

@@ -46,7 +46,7 @@ var pluginFlagDefaults = map[string]string{
 	"pod-resources-socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
 	"kubelet-dir":          "/var/lib/kubelet/device-plugins",
 	"devinfo-dir":          "/var/run/k8s.cni.cncf.io/devinfo/dp",
-	"metrics-addr":         ":8478",
+	"metrics-addr":         "127.0.0.1:8478",
 	"log-level":            "info",
 	"cdi-spec-dir":         "",
 	"use-cdi":              "false",
@@ -541,9 +541,15 @@ func requireDaemonSetCaps(t *testing.T, m *manifests, caps []corev1.Capability, 
 	requireHostDir(t, spec, c, flags["devinfo-dir"], false)
 	requireHostDir(t, spec, c, path.Dir(pluginFlag(flags, "pod-resources-socket")), true)
 
-	// Liveness and readiness on the port --metrics-addr listens on.
-	_, portStr, err := net.SplitHostPort(flags["metrics-addr"])
+	// Liveness and readiness on the port --metrics-addr listens on, which
+	// is bound to the node's own address (issue 44, finding 7): the
+	// kubelet's probes go to the pod's IP, the node's under hostNetwork.
+	hostStr, portStr, err := net.SplitHostPort(flags["metrics-addr"])
 	require.NoError(t, err)
+	require.Equal(t, "$(HOST_IP)", hostStr, "--metrics-addr: the node's address, not every interface")
+	require.Contains(t, c.Env, corev1.EnvVar{Name: "HOST_IP", ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}})
+	require.True(t, spec.HostNetwork, "the pod's IP is the node's")
 	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
 		require.NotNil(t, probe, "%s probe", name)
 		require.NotNil(t, probe.HTTPGet, "%s probe", name)
@@ -555,45 +561,93 @@ func requireDaemonSetCaps(t *testing.T, m *manifests, caps []corev1.Capability, 
 			port = fmt.Sprint(c.Ports[i].ContainerPort)
 		}
 		require.Equal(t, portStr, port, "%s probe port vs --metrics-addr %s", name, flags["metrics-addr"])
+		require.Empty(t, probe.HTTPGet.Host, "%s probe: the pod's IP, where --metrics-addr listens", name)
 	}
 }
 
-// cpRE and mvRE match the install script's copy and rename.
-var (
-	cpRE = regexp.MustCompile(`(?m)^\s*cp\s+(\S+)\s+(\S+)\s*$`)
-	mvRE = regexp.MustCompile(`(?m)^\s*mv\s+(?:-f\s+)?(\S+)\s+(\S+)\s*$`)
-)
-
+// The init container installs the CNI binary with rdma-device-plugin
+// install-cni (cmd/rdma-device-plugin/internal/installcni): only sriov, in
+// the node's CNI bin_dir, from the image's CNI binary; no shell, which could
+// write anything anywhere in /opt/cni/bin (issue 44, finding 6).
 func TestInstallCNI(t *testing.T) {
 	m := loadManifests(t)
 	spec := &m.daemonSets[0].Spec.Template.Spec
 	require.Len(t, spec.InitContainers, 1)
 	c := &spec.InitContainers[0]
-	script := strings.Join(append(slices.Clone(c.Command), c.Args...), "\n")
-	require.GreaterOrEqual(t, len(c.Command), 3)
-	require.Equal(t, "/bin/sh", c.Command[0])
-	require.Regexp(t, `^-[a-z]*e[a-z]*$`, c.Command[1], "the script must stop at the first failure (sh -e)")
+	require.Empty(t, c.Args)
+	require.GreaterOrEqual(t, len(c.Command), 2)
+	require.Equal(t, []string{pluginBinary, "install-cni"}, c.Command[:2], "the device plugin's install-cni, not a shell")
+	flags := map[string]string{}
+	for _, a := range c.Command[2:] {
+		k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		require.True(t, ok && strings.HasPrefix(a, "--"), "argument %q: --flag=value", a)
+		flags[k] = v
+	}
+	require.Equal(t, map[string]string{"from": cniBinary, "to": "/host" + hostCNIBinDir}, flags)
 
-	cp := cpRE.FindStringSubmatch(script)
-	require.NotNil(t, cp, "no cp line in %q", script)
-	mv := mvRE.FindStringSubmatch(script)
-	require.NotNil(t, mv, "no mv line in %q", script)
-	src, tmp := cp[1], cp[2]
-	require.Equal(t, cniBinary, src)
-	require.Equal(t, tmp, mv[1], "mv must rename the copied file")
-	dst := mv[2]
-	require.Equal(t, "sriov", path.Base(dst))
-	require.NotEqual(t, dst, tmp)
-	// A rename within one directory is atomic; the temporary name must not
-	// be one the runtime would run as a plugin.
-	require.Equal(t, path.Dir(dst), path.Dir(tmp))
-	require.True(t, strings.HasPrefix(path.Base(tmp), "."), "temporary name %s should be hidden", tmp)
-
-	vm, v := mountFor(t, spec, c, dst)
+	vm, v := mountFor(t, spec, c, flags["to"])
 	require.NotNil(t, v.HostPath)
 	require.False(t, vm.ReadOnly)
-	hostDst := path.Join(v.HostPath.Path, strings.TrimPrefix(dst, vm.MountPath))
-	require.Equal(t, hostCNIBinDir+"/sriov", hostDst)
+	require.Equal(t, hostCNIBinDir, path.Join(v.HostPath.Path, strings.TrimPrefix(flags["to"], vm.MountPath)))
+}
+
+// The image is a release's version, never latest nor tag-less: a tag that
+// moves gives nodes different binaries under one name, and IfNotPresent
+// then keeps whichever a node pulled first (issue 44, finding 6). A digest,
+// where a release set one, must be a sha256.
+func TestImagePinned(t *testing.T) {
+	versionTag := regexp.MustCompile(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$`)
+	for _, tc := range []struct {
+		image string
+		ok    bool
+	}{
+		{"ghcr.io/fastpath-k8s/fastpath:v0.5.0", true},
+		{"ghcr.io/fastpath-k8s/fastpath:v0.5.0@sha256:" + strings.Repeat("ab", 32), true},
+		{"ghcr.io/fastpath-k8s/fastpath:latest", false},
+		{"ghcr.io/fastpath-k8s/fastpath", false},
+		{"ghcr.io/fastpath-k8s/fastpath:main", false},
+		{"localhost:5000/fastpath", false},
+		{"ghcr.io/fastpath-k8s/fastpath:v0.5.0@sha256:abc", false},
+	} {
+		require.Equal(t, tc.ok, imagePinned(versionTag, tc.image) == nil, "%s: %v", tc.image, imagePinned(versionTag, tc.image))
+	}
+
+	k := kustomization(t, ".")
+	require.Len(t, k.Images, 1)
+	img := k.Images[0]
+	ref := img.NewName + ":" + img.NewTag
+	if img.Digest != "" {
+		ref += "@" + img.Digest
+	}
+	require.NoError(t, imagePinned(versionTag, ref), "kustomization.yaml")
+	for _, comps := range [][]string{nil, {"components/dra"}, {"components/provision"}, {"components/cdi", "components/dra"}} {
+		got := render(t, ".")
+		if comps != nil {
+			got = renderWith(t, comps...)
+		}
+		spec := &got.daemonSets[0].Spec.Template.Spec
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+			require.NoError(t, imagePinned(versionTag, c.Image), "%v: container %s", comps, c.Name)
+			require.Equal(t, corev1.PullIfNotPresent, c.ImagePullPolicy, "%v: container %s: a version tag does not move, so a node pulls it once", comps, c.Name)
+		}
+	}
+}
+
+// imagePinned says why image is not a version-tagged (and optionally
+// digest-pinned) reference.
+func imagePinned(versionTag *regexp.Regexp, image string) error {
+	ref, digest, hasDigest := strings.Cut(image, "@")
+	if hasDigest && !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(digest) {
+		return fmt.Errorf("image %s: digest %q is not sha256:<64 hex>", image, digest)
+	}
+	i := strings.LastIndex(ref, ":")
+	if i < 0 || strings.Contains(ref[i:], "/") {
+		return fmt.Errorf("image %s has no tag: name a release's version", image)
+	}
+	if tag := ref[i+1:]; !versionTag.MatchString(tag) {
+		return fmt.Errorf("image %s: tag %q is not a release version (vX.Y.Z)", image, tag)
+	}
+	return nil
 }
 
 // networks parses a k8s.v1.cni.cncf.io/networks annotation (the comma list
@@ -741,6 +795,17 @@ func TestDockerfile(t *testing.T) {
 	require.Regexp(t, `(?m)^ENV VERSION_PKG=github\.com/fastpath-k8s/fastpath/internal/version$`, df)
 	require.Regexp(t, `-X \$\{VERSION_PKG\}\.Version=\$\{VERSION\} -X \$\{VERSION_PKG\}\.Revision=\$\{REVISION\}`, df)
 	require.Equal(t, 3, strings.Count(df, `-ldflags "$LDFLAGS"`), "every go build embeds the version")
+
+	// Base images by full version (issue 44, finding 6): golang:X.Y.Z-…
+	// at the toolchain go.mod names, debian:N.M-slim; a digest may follow.
+	froms := regexp.MustCompile(`(?m)^FROM\s+(?:--platform=\S+\s+)?(\S+)`).FindAllStringSubmatch(df, -1)
+	require.Len(t, froms, 2)
+	gomod, err := os.ReadFile("../go.mod")
+	require.NoError(t, err)
+	toolchain := regexp.MustCompile(`(?m)^toolchain go(\S+)$`).FindSubmatch(gomod)
+	require.NotNil(t, toolchain, "go.mod names a toolchain")
+	require.Regexp(t, `^golang:`+regexp.QuoteMeta(string(toolchain[1]))+`-[a-z]+(@sha256:[0-9a-f]{64})?$`, froms[0][1])
+	require.Regexp(t, `^debian:\d+\.\d+-slim(@sha256:[0-9a-f]{64})?$`, froms[1][1])
 }
 
 // nodeTerms are the DaemonSet's required node affinity terms, each as the

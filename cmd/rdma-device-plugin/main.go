@@ -5,6 +5,7 @@
 //	rdma-device-plugin discover [flags]     print what the node has
 //	rdma-device-plugin doctor [flags]       say why NCCL would not use RDMA here
 //	rdma-device-plugin provision [flags]    create the VFs SriovNetworkNodePolicies ask for
+//	rdma-device-plugin install-cni [flags]  install the sriov CNI binary (the init container)
 package main
 
 import (
@@ -57,6 +58,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return runDoctor(ctx, args[1:], stdout, stderr)
 		case "provision":
 			return runProvision(ctx, args[1:], stdout, stderr)
+		case "install-cni":
+			return runInstallCNI(ctx, args[1:], stdout, stderr)
 		case "serve":
 			return runServe(ctx, args[1:], stdout, stderr)
 		}

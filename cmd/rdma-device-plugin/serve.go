@@ -27,8 +27,11 @@ const (
 	defaultDevInfoDir = "/var/run/k8s.cni.cncf.io/devinfo/dp"
 	// Outside 9100-9999, the range the Prometheus exporters' default port
 	// list has handed out in full (9108 is graphite_exporter's), and away
-	// from the Kubernetes components' 10248-10260.
-	defaultMetrics = ":8478"
+	// from the Kubernetes components' 10248-10260. Loopback by default:
+	// under hostNetwork any other address is the node's, reachable from
+	// wherever the node is, without auth. The DaemonSet names the node's
+	// own address (status.hostIP), where the kubelet's probes go.
+	defaultMetrics = "127.0.0.1:8478"
 	defaultCDIDir  = "/var/run/cdi"
 )
 
@@ -193,8 +196,8 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler())
-		mux.Handle("/healthz", probe(m.Healthy))
-		mux.Handle("/readyz", probe(m.Ready))
+		mux.Handle("/healthz", probe(log, "/healthz", m.Healthy))
+		mux.Handle("/readyz", probe(log, "/readyz", m.Ready))
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -244,13 +247,18 @@ func resourceNames(pools []pool.Pool) []string {
 	return out
 }
 
-// probe answers 200 "ok" while check passes, 503 and the reason when not.
-func probe(check func() error) http.Handler {
+// probe answers a probe at path with check's result: 200 "ok", or 503
+// "not ok: CODE" with a short reason code (plugin.ProbeReason). The error's
+// text, which names paths and devices, goes to the log only: the port is
+// the node's and needs no auth.
+func probe(log *slog.Logger, path string, check func() error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if err := check(); err != nil {
+			code := plugin.ProbeReason(err)
+			log.Warn("probe failed", "path", path, "reason", code, "err", err)
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, err.Error()+"\n")
+			_, _ = io.WriteString(w, "not ok: "+code+"\n")
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")

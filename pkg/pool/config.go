@@ -16,6 +16,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -133,10 +134,17 @@ func CheckPrefix(prefix string) error {
 
 // Load reads and parses a pool config file.
 func Load(path string, opts ...Option) (*Config, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s (pass --config with a configList/resourceList file, e.g. config.json of deployments/10-configmap.yaml)", ErrNoConfig, path)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("read pool config: %w", err)
+	}
+	// Never more than the limit and a byte, whatever the file's size:
+	// Parse refuses what is over.
+	data, err := io.ReadAll(io.LimitReader(f, MaxConfigSize+1))
+	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("read pool config: %w", err)
 	}

@@ -24,13 +24,31 @@ type object struct {
 	vals map[string]*value // by exact key
 }
 
+// The config's limits (issue 44, finding 7): the largest config in
+// testdata/config is 589 bytes nested 5 deep (object, list, entry,
+// selectors, list); a node with 64 pools of such entries is some 40 KiB.
+// MaxConfigSize is 16 times that, MaxConfigDepth three times the depth a
+// config has. Without them a 72 KB document nested 12,000 deep took 150 MB
+// to parse, against the DaemonSet's 256 Mi memory limit.
+const (
+	MaxConfigSize  = 640 << 10
+	MaxConfigDepth = 16
+)
+
+// ErrConfigTooLarge is the error for a config over MaxConfigSize bytes or
+// nested deeper than MaxConfigDepth.
+var ErrConfigTooLarge = errors.New("pool config too large")
+
 // decode parses one JSON document into a value tree. Duplicate keys, also
 // ones that differ only in case (the config's keys match case-insensitively,
 // so "isRdma" and "IsRdma" are the same key), are an error.
 func decode(data []byte) (*value, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	v, err := decodeValue(dec, "")
+	if len(data) > MaxConfigSize {
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d (a config lists pools, not devices: split it or use broader selectors)", ErrConfigTooLarge, len(data), MaxConfigSize)
+	}
+	v, err := decodeValue(dec, "", 1)
 	if se := (*jsonSyntaxError)(nil); errors.As(err, &se) {
 		return nil, fmt.Errorf("invalid JSON at %s: %w", position(data, se.offset), se.err)
 	}
@@ -66,13 +84,16 @@ func position(data []byte, off int64) string {
 	return fmt.Sprintf("line %d, column %d", line, col)
 }
 
-func decodeValue(dec *json.Decoder, path string) (*value, error) {
+func decodeValue(dec *json.Decoder, path string, depth int) (*value, error) {
 	tok, err := dec.Token()
 	if err != nil {
 		return nil, syntaxError(err, dec)
 	}
 	switch t := tok.(type) {
 	case json.Delim:
+		if depth > MaxConfigDepth && (t == '{' || t == '[') {
+			return nil, fmt.Errorf("%w: nested deeper than %d objects and lists at offset %d (%s)", ErrConfigTooLarge, MaxConfigDepth, dec.InputOffset(), path)
+		}
 		switch t {
 		case '{':
 			obj := &object{vals: map[string]*value{}}
@@ -88,7 +109,7 @@ func decodeValue(dec *json.Decoder, path string) (*value, error) {
 					return nil, fmt.Errorf("%s: duplicate key (already given as %q; keys match case-insensitively)", sub, prev)
 				}
 				folded[strings.ToLower(key)] = key
-				v, err := decodeValue(dec, sub)
+				v, err := decodeValue(dec, sub, depth+1)
 				if err != nil {
 					return nil, err
 				}
@@ -102,7 +123,7 @@ func decodeValue(dec *json.Decoder, path string) (*value, error) {
 		case '[':
 			var arr []*value
 			for i := 0; dec.More(); i++ {
-				v, err := decodeValue(dec, fmt.Sprintf("%s[%d]", path, i))
+				v, err := decodeValue(dec, fmt.Sprintf("%s[%d]", path, i), depth+1)
 				if err != nil {
 					return nil, err
 				}

@@ -36,9 +36,12 @@ allocatable_is() { [[ $(allocatable "$1") == "$2" ]]; }
 pod_phase() { kubectl -n "$1" get pod "$2" -o jsonpath='{.status.phase}' 2>/dev/null; }
 pod_running() { [[ $(pod_phase "$1" "$2") == Running ]]; }
 no_pod_tasks() { [[ -z $(ctr tasks ls -q 2>/dev/null) ]]; }
+# metrics_host is the node's address, where the DaemonSet binds
+# --metrics-addr ($(HOST_IP), status.hostIP), not loopback.
+metrics_host() { kubectl get nodes -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}'; }
 # metric NAME LABELS prints the device plugin's counter (0 when absent).
 metric() {
-	curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | awk -v n="$1{$2}" '$1 == n { v = $2 } END { print v + 0 }'
+	curl -sf "http://$(metrics_host):$METRICS_PORT/metrics" | awk -v n="$1{$2}" '$1 == n { v = $2 } END { print v + 0 }'
 }
 registrations() { metric fastpath_device_plugin_registrations_total "resource=\"$RESOURCE\",result=\"ok\""; }
 registrations_above() { (($(registrations) > $1)); }

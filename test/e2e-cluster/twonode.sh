@@ -24,7 +24,8 @@ TN_SEQ=500000
 
 tn_alloc() { kubectl get node "$(node_name "$1")" -o json | jq -r --arg r "$RESOURCE" '.status.allocatable[$r] // "0"'; }
 tn_alloc_is() { [[ $(tn_alloc "$1") == "$2" ]]; }
-tn_metric() { node_exec "$1" curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | awk -v n="$2{$3}" '$1 == n { v = $2 } END { print v + 0 }'; }
+# The DaemonSet binds --metrics-addr to the node's address (status.hostIP).
+tn_metric() { node_exec "$1" curl -sf "http://$(node_ip "$1"):$METRICS_PORT/metrics" | awk -v n="$2{$3}" '$1 == n { v = $2 } END { print v + 0 }'; }
 tn_registrations() { tn_metric "$1" fastpath_device_plugin_registrations_total "resource=\"$RESOURCE\",result=\"ok\""; }
 tn_registered_above() { (($(tn_registrations "$1") > $2)); }
 tn_plugin_pod() {

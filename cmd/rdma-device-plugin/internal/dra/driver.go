@@ -159,6 +159,9 @@ func (d *Driver) Start(ctx context.Context) error {
 		kubeletplugin.NodeName(d.opts.NodeName),
 		kubeletplugin.PluginDataDirectoryPath(d.opts.PluginDir),
 		kubeletplugin.RegistrarDirectoryPath(d.opts.RegistryDir),
+		// dra.sock and the registration socket 0600, not the umask's.
+		kubeletplugin.PluginListener(listenUnix),
+		kubeletplugin.RegistrarListener(listenUnix),
 		// The helper writes each prepared request's metadata file
 		// under PluginDir and the CDI spec that mounts it (metadata.go).
 		kubeletplugin.EnableDeviceMetadata(true, metadataVersions),

@@ -270,6 +270,12 @@ func TestServeDGX(t *testing.T) {
 	require.True(t, reg.Options.GetPreferredAllocationAvailable)
 	require.False(t, reg.Options.PreStartRequired)
 	require.Equal(t, "mellanox.com_storage.sock", regs["mellanox.com/storage"].Endpoint)
+	// The sockets are the kubelet's (root) only, whatever the umask.
+	for _, r := range regs {
+		st, err := os.Stat(filepath.Join(h.dir, r.Endpoint))
+		require.NoError(t, err)
+		require.Equal(t, os.ModeSocket|0o600, st.Mode()&(os.ModeType|os.ModePerm), r.Endpoint)
+	}
 
 	rails := h.client("mellanox.com_rails.sock")
 	opts, err := rails.GetDevicePluginOptions(context.Background(), &pluginapi.Empty{})

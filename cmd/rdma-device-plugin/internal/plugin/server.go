@@ -109,6 +109,11 @@ func (s *server) start(sock string) error {
 	if err != nil {
 		return fmt.Errorf("socket %s: listen: %w", sock, err)
 	}
+	// The kubelet (root) is the only client: 0600, not the umask's mode.
+	if err := os.Chmod(sock, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("socket %s: chmod 0600: %w", sock, err)
+	}
 	// We remove the socket ourselves: closing must never unlink a newer
 	// socket at the same path.
 	l.(*net.UnixListener).SetUnlinkOnClose(false)

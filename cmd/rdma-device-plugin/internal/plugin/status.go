@@ -13,6 +13,31 @@ import (
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 
+// The probes' reasons, as sentinels a probe's error wraps: /healthz and
+// /readyz answer with the reason's code only (ProbeReason), the detail goes
+// to the log (issue 44, finding 7).
+var (
+	ErrStarting      = errors.New("starting")
+	ErrNotRegistered = errors.New("not registered with the kubelet")
+	ErrDevNodes      = errors.New("RDMA char devices missing from /dev")
+)
+
+// ProbeReason is the short code a probe answers for err: no error text, no
+// path, nothing about the node beyond which check failed.
+func ProbeReason(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, ErrStarting):
+		return "starting"
+	case errors.Is(err, ErrNotRegistered):
+		return "not-registered"
+	case errors.Is(err, ErrDevNodes):
+		return "dev-stale"
+	}
+	return "failed"
+}
+
 // probeStatus is what the probes report, published by the Run goroutine.
 type probeStatus struct {
 	mu         sync.Mutex // guards the fields below
@@ -52,9 +77,9 @@ func (m *Manager) Ready() error {
 	m.status.mu.Unlock()
 	switch {
 	case !started || !settled:
-		return errors.New("starting")
+		return ErrStarting
 	case registered < served:
-		return fmt.Errorf("%d of %d pools registered with the kubelet", registered, served)
+		return fmt.Errorf("%d of %d pools registered with the kubelet: %w", registered, served, ErrNotRegistered)
 	}
 	return nil
 }
@@ -68,10 +93,10 @@ func (m *Manager) Ready() error {
 func (m *Manager) Healthy() error {
 	started, served, registered := m.counts()
 	if !started {
-		return errors.New("starting")
+		return ErrStarting
 	}
 	if served > 0 && registered == 0 {
-		return fmt.Errorf("none of %d pools is registered with the kubelet (%s)", served, m.kubeletSock())
+		return fmt.Errorf("none of %d pools is registered with the kubelet (%s): %w", served, m.kubeletSock(), ErrNotRegistered)
 	}
 	return checkDevNodes(m.opts.HostRoot)
 }
@@ -112,6 +137,6 @@ func checkDevNodes(root string) error {
 		return nil
 	}
 	slices.Sort(missing)
-	return fmt.Errorf("sysfs lists RDMA char devices that %s does not have: %s (is the node's /dev mounted, and is it the live one after a driver reload?)",
-		filepath.Join(root, rdma.DevDir), words.List(missing, 5))
+	return fmt.Errorf("sysfs lists RDMA char devices that %s does not have: %s (is the node's /dev mounted, and is it the live one after a driver reload?): %w",
+		filepath.Join(root, rdma.DevDir), words.List(missing, 5), ErrDevNodes)
 }

@@ -83,6 +83,8 @@ func TestProbes(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorContains(t, m.Ready(), "starting")
 	require.ErrorContains(t, m.Healthy(), "starting")
+	require.Equal(t, "starting", ProbeReason(m.Ready()))
+	require.Equal(t, "starting", ProbeReason(m.Healthy()))
 	h.run()
 	require.Eventually(t, func() bool {
 		err := h.m.Ready()
@@ -90,6 +92,8 @@ func TestProbes(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	require.ErrorContains(t, h.m.Ready(), "0 of 2 pools registered with the kubelet")
 	require.ErrorContains(t, h.m.Healthy(), "none of 2 pools is registered with the kubelet")
+	require.Equal(t, "not-registered", ProbeReason(h.m.Ready()))
+	require.Equal(t, "not-registered", ProbeReason(h.m.Healthy()))
 
 	require.NoError(t, h.stub.Start())
 	h.registered("mellanox.com/rails", "mellanox.com/storage")
