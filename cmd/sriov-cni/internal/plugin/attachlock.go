@@ -203,16 +203,31 @@ func (s *Store) refuseDeleted(log *slog.Logger, network string, args *skel.CmdAr
 	return nil
 }
 
-// sweepTombstones removes tombstones older than tombstoneTTL, and, when
-// valid is not nil, those of network whose attachment valid does not name
-// (GC). A tombstone whose attachment lock is held is left for next time:
-// its ADD or DEL is running.
+// sweepTombstones removes tombstones older than tombstoneTTL (by their
+// files' mtime: one lstat each, no read), and, when valid is not nil,
+// those of network whose attachment valid does not name (GC), with the
+// attachment's lock: one whose lock is held is left for next time, its
+// ADD or DEL is running. An old tombstone refuses no ADD, so it goes
+// without the lock.
 func (s *Store) sweepTombstones(network string, valid map[types.GCAttachment]bool, now time.Time) {
 	paths, err := filepath.Glob(filepath.Join(s.dir, "deleted-*.json"))
 	if err != nil {
 		return
 	}
 	for _, path := range paths {
+		fi, err := os.Lstat(path)
+		if err != nil {
+			continue
+		}
+		if now.Sub(fi.ModTime()) >= tombstoneTTL {
+			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				s.log.Warn("tombstone not removed", "path", path, "err", err)
+			}
+			continue
+		}
+		if valid == nil {
+			continue
+		}
 		data, err := readOwnFile(path, path)
 		var t tombstone
 		if err == nil {
@@ -221,17 +236,12 @@ func (s *Store) sweepTombstones(network string, valid map[types.GCAttachment]boo
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			continue
-		case err != nil || t.ContainerID == "" || t.IfName == "":
+		case err != nil || t.ContainerID == "" || t.IfName == "" ||
+			filepath.Base(path) != filepath.Base(s.tombstonePath(t.Network, t.ContainerID, t.IfName)):
 			s.log.Warn("tombstone that cannot be read removed", "path", path, "err", err)
 			_ = os.Remove(path)
 			continue
-		case now.Sub(t.Deleted) >= tombstoneTTL:
-		case valid != nil && t.Network == network && !valid[types.GCAttachment{ContainerID: t.ContainerID, IfName: t.IfName}]:
-		default:
-			continue
-		}
-		if filepath.Base(path) != filepath.Base(s.tombstonePath(t.Network, t.ContainerID, t.IfName)) {
-			_ = os.Remove(path) // not where its attachment's is: a stray
+		case t.Network != network || valid[types.GCAttachment{ContainerID: t.ContainerID, IfName: t.IfName}]:
 			continue
 		}
 		l, err := s.lockAttachment(t.Network, &skel.CmdArgs{ContainerID: t.ContainerID, IfName: t.IfName}, 0, nil)

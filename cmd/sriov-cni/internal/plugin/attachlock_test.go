@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -194,6 +195,8 @@ func TestTombstonesExpire(t *testing.T) {
 		data, err = json.Marshal(ts)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(path, data, 0o600))
+		old := time.Now().Add(-11 * time.Minute)
+		require.NoError(t, os.Chtimes(path, old, old))
 	}
 	age(paths[0])
 	require.NoError(t, u.del(conf, "new"))
@@ -207,5 +210,38 @@ func TestTombstonesExpire(t *testing.T) {
 	require.Empty(t, u.tombstones())
 	require.NoError(t, u.del(conf, "new"))
 	u.requireClean()
+	u.requireEmptyStateDir()
+}
+
+// delDuringKubelet is a kubelet that, asked which VFs the pod holds, first
+// lets the attachment's DEL run: the DEL that arrives while ADD asks,
+// before ADD has taken any lock.
+type delDuringKubelet struct {
+	del func() error
+	err error
+}
+
+func (k *delDuringKubelet) Pod(context.Context, string, string) (PodDevices, error) {
+	k.err = k.del()
+	return PodDevices{Resources: map[string][]string{"fastpath.io/vf": {vfioVF}}}, nil
+}
+
+// A DEL that arrives while the ADD asks the kubelet, before the ADD has
+// taken any lock, finds nothing and returns; the ADD then gives up with
+// code 3 and changes nothing.
+func TestDelWhileAddAsksKubelet(t *testing.T) {
+	u := newUnit(t)
+	conf := u.conf(allSettings)
+	k := &delDuringKubelet{del: func() error { return u.del(conf, "c1") }}
+	u.p.Node.DeviceIDCheck = DeviceIDCheckPodResources
+	u.p.NewPodResources = func(string) PodResources { return k }
+	err := u.addAs(conf, "c1", "trainer-0")
+	require.NoError(t, k.err, "DEL")
+	require.Equal(t, uint(types.ErrUnknownContainer), CNIError(err).Code, "%v", err)
+	require.Empty(t, u.pf.Calls(), "no call to the PF")
+	require.Empty(t, u.leases(), "no address")
+	require.Empty(t, ls(t, u.devinfoDir), "no device-info file")
+	require.Empty(t, ls(t, u.stateDir), "no state")
+	u.gcNone()
 	u.requireEmptyStateDir()
 }
