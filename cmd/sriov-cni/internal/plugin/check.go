@@ -181,7 +181,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		// Release it as a DEL of that attachment would.
 		a := &skel.CmdArgs{ContainerID: st.ContainerID, Netns: st.Netns, IfName: st.IfName, Path: args.Path, StdinData: args.StdinData}
 		al, err := store.lockAttachment(st.Network, a, 0, nil)
-		if err != nil {
+		if err != nil && !errors.Is(err, unix.EROFS) {
 			log.Debug("attachment busy: left to its ADD or DEL", "vf", vf, "err", err)
 			continue
 		}
