@@ -140,9 +140,15 @@ func (n *cniNet) leftovers(node *netlink.Handle, netdevs, pods []string) []strin
 	if ents, err := os.ReadDir(n.stateDir); err == nil && len(ents) > 0 {
 		var names []string
 		for _, e := range ents {
-			names = append(names, e.Name())
+			// A DEL that found no attachment leaves a tombstone, for an
+			// ADD yet to start (docs/cni.md); GC or age removes it.
+			if ok, _ := filepath.Match("deleted-*.json", e.Name()); !ok {
+				names = append(names, e.Name())
+			}
 		}
-		left = append(left, fmt.Sprintf("CNI state dir %s still holds %s", n.stateDir, strings.Join(names, ", ")))
+		if len(names) > 0 {
+			left = append(left, fmt.Sprintf("CNI state dir %s still holds %s", n.stateDir, strings.Join(names, ", ")))
+		}
 	}
 	_ = filepath.WalkDir(n.ipamDir, func(p string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && net.ParseIP(d.Name()) != nil {

@@ -249,6 +249,7 @@ func cniChecks() []check {
 		}},
 		{"cni/sigkill-add", func(g *guest) error { return g.killLoop("ADD", 60, 40) }},
 		{"cni/sigkill-del", func(g *guest) error { return g.killLoop("DEL", 50, 50) }},
+		{"cni/del-overtakes-add", func(g *guest) error { return g.delOvertakesAdd(80) }},
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -54,6 +55,17 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	store, err := NewStore(p.Node.StateDir, log)
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
+	}
+	// From here to its return ADD holds its attachment's lock, and gives
+	// up if the attachment's DEL ran first (attachlock.go). What it did
+	// before changed nothing.
+	alock, err := p.lockAttachmentFor("add", store, c.Name, args)
+	if err != nil {
+		return err
+	}
+	defer alock.Unlock()
+	if err := store.refuseDeleted(log, c.Name, args, time.Now()); err != nil {
+		return err
 	}
 	lock, vf, err := p.claim(ctx, log, c, store, cands, args)
 	if err != nil {

@@ -180,7 +180,14 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		}
 		// Release it as a DEL of that attachment would.
 		a := &skel.CmdArgs{ContainerID: st.ContainerID, Netns: st.Netns, IfName: st.IfName, Path: args.Path, StdinData: args.StdinData}
-		if err := p.detach(ctx, log, c, store, vf, a); err != nil {
+		al, err := store.lockAttachment(st.Network, a, 0, nil)
+		if err != nil && !errors.Is(err, unix.EROFS) {
+			log.Debug("attachment busy: left to its ADD or DEL", "vf", vf, "err", err)
+			continue
+		}
+		err = p.detach(ctx, log, c, store, vf, a)
+		al.Unlock()
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -190,6 +197,8 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if err := p.gcUpstream(ctx, log, c, store, args, valid); err != nil {
 		errs = append(errs, err)
 	}
+	// Tombstones of attachments the runtime no longer knows (attachlock.go).
+	store.gcTombstones(c.Name, valid)
 	// Addresses whose release failed once their VF was freed.
 	pending, err := store.ListPending()
 	if err != nil {

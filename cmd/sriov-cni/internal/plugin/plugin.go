@@ -23,7 +23,10 @@
 // netdev home), reclaim.go frees for ADD a VF whose pod is gone without a
 // DEL, ipam.go runs the IPAM plugin, check.go serves CHECK, STATUS and GC,
 // upstream.go translates an attachment upstream sriov-cni made before the
-// swap into a State, for teardown on DEL and GC.
+// swap into a State, for teardown on DEL and GC. attachlock.go orders an
+// ADD and a DEL of one attachment that run side by side (a runtime's
+// timeout kills Multus, not this plugin): DEL waits for the ADD, and an
+// ADD that comes after its DEL changes nothing.
 package plugin
 
 import (

@@ -47,6 +47,17 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return fail(types.ErrIOFailure, "", "open state", err)
 	}
+	// DEL waits for an ADD of its attachment still running, and leaves a
+	// tombstone for one yet to start (attachlock.go).
+	alock, err := p.lockAttachmentFor("del", store, c.Name, args)
+	switch {
+	case errors.Is(err, unix.EROFS):
+		log.Warn("state dir is read-only: DEL goes on without the attachment's lock", "err", err)
+	case err != nil:
+		return err
+	}
+	defer alock.Unlock()
+	p.tombstoneIfDetached(log, store, c, args)
 	vf := c.deviceID()
 	if vf == "" {
 		st, err := store.Find(c.Name, args.ContainerID, args.IfName)

@@ -126,6 +126,9 @@ func (u *unit) leases() []string {
 	return ips
 }
 
+// ls lists dir, but for the tombstones a DEL that found no attachment
+// leaves (attachlock.go): TestTombstonesSwept proves GC and age remove
+// them, TestAddDelEveryOrder where they are written.
 func ls(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
@@ -135,6 +138,9 @@ func ls(t *testing.T, dir string) []string {
 	require.NoError(t, err)
 	var names []string
 	for _, e := range ents {
+		if isTombstone(e.Name()) {
+			continue
+		}
 		names = append(names, e.Name())
 	}
 	sort.Strings(names)
