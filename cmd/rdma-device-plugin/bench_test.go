@@ -15,13 +15,13 @@ import (
 	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/fixture/genhost"
-	"github.com/fastpath-k8s/fastpath/internal/floor"
-	"github.com/fastpath-k8s/fastpath/internal/latency"
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	fx "github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture/genhost"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor/fromnic"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/latency"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
-	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
 
 // benchHost is the generated 1024-VF host: 8 PFs with 128 VFs each.

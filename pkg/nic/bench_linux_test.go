@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor/fromnic"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
-	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
 
 // discoverHosts are the generated scale hosts: PFs x VFs per PF.

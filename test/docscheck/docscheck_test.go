@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 	"github.com/fastpath-k8s/fastpath/test/docscheck"
 )
 

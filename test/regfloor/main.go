@@ -39,7 +39,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
 )
 
 type server struct {

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/gpustandin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/gpustandin"
 )
 
 func TestDGXGPUs(t *testing.T) {

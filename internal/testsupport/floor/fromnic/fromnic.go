@@ -10,7 +10,7 @@ package fromnic
 import (
 	"fmt"
 
-	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
