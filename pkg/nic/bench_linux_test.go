@@ -23,7 +23,7 @@ var discoverHosts = []struct{ pfs, vfs int }{{8, 16}, {8, 128}, {32, 128}}
 //
 // The floor sub-benchmark is not fastpath code: on the same host it makes
 // only the system calls no faithful scan can do without (package
-// internal/floor says which). It tells what this machine's kernel charges for
+// internal/testsupport/floor says which). It tells what this machine's kernel charges for
 // reading a node, so that Scan's figure can be read against it. vs-floor
 // alternates the two and reports the median ratio (x-floor), beside the
 // medians of the scan (ms) and of the floor pass (floor-ms) in those

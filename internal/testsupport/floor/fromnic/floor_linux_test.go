@@ -1,7 +1,7 @@
 package fromnic_test
 
 // The floor pass over the VFs of a scanned host (they moved here from
-// internal/floor with fromnic, which package floor may not import).
+// internal/testsupport/floor with fromnic, which package floor may not import).
 
 import (
 	"bytes"
