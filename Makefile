@@ -167,7 +167,7 @@ vulncheck:
 
 # Fault injection, as root: every TestSoak... test in the repo (kills at
 # random moments and at every step boundary, races, garbage input, a leak
-# check after every cycle) with its long budget (internal/testnet.Soak;
+# check after every cycle) with its long budget (internal/testsupport/testnet.Soak;
 # SOAK_DURATION overrides it), one package at a time. `make test` runs the
 # same tests with a short budget. The figures are printed at the end.
 SOAK_DURATION ?=
@@ -179,10 +179,10 @@ soak:
 		$(GO) test -p 1 -count=1 -timeout 180m -run '^TestSoak' $(PKGS); \
 	rc=$$?; echo "soak figures:"; cat $(SOAK_REPORT) 2>/dev/null; exit $$rc
 
-# Regenerate the committed fixture hosts from internal/fixture.
+# Regenerate the committed fixture hosts from internal/testsupport/fixture.
 fixtures:
 	rm -rf testdata/sysfs
-	$(GO) run ./internal/fixture/cmd/mkfixtures -o testdata/sysfs
+	$(GO) run ./internal/testsupport/fixture/cmd/mkfixtures -o testdata/sysfs
 
 clean:
 	rm -rf $(BIN) .e2e-work

@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )

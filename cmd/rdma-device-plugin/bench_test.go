@@ -15,13 +15,13 @@ import (
 	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/fixture/genhost"
-	"github.com/fastpath-k8s/fastpath/internal/floor"
-	"github.com/fastpath-k8s/fastpath/internal/latency"
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	fx "github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture/genhost"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor/fromnic"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/latency"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
-	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
 
 // benchHost is the generated 1024-VF host: 8 PFs with 128 VFs each.
@@ -141,7 +141,7 @@ func (p *rssPeaks) read(pid int) error {
 // host=vfs1024, the generated 1024-VF host, is held against floorlist:
 // regfloor -list, which lists the bus and the four class directories and
 // then makes one discovery floor pass over every VF (package
-// internal/floor; the VFs come from a scan in the benchmark's process),
+// internal/testsupport/floor; the VFs come from a scan in the benchmark's process),
 // the least a plugin that reads that host before registering does.
 //
 // It reports the percentiles of fastpath's wall time (p50-µs, p99-µs), the
@@ -152,7 +152,7 @@ func (p *rssPeaks) read(pid int) error {
 // threads by then (/proc/<pid>/task/*/schedstat): oncpu-ms, the time they
 // ran, and runq-ms, the time they were runnable but waited for a CPU; and
 // faults, the minor page faults by then (/proc/<pid>/stat), each a first
-// touch of a page (internal/floor's BenchmarkPageFault says what one
+// touch of a page (internal/testsupport/floor's BenchmarkPageFault says what one
 // costs here); floor-oncpu-ms, floor-runq-ms and floor-faults are the
 // yardstick's. Goals: x-regfloor ≤ 1.15,
 // x-floorlist ≤ 1.15 (goal-x-*).

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
+	fx "github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 )
 
 func fixture(name string) string { return filepath.Join("..", "..", "testdata", "sysfs", name) }

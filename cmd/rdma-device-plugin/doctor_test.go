@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/doctor"
-	fixturepkg "github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	fixturepkg "github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 )
 
 // runDoctorCmd runs `rdma-device-plugin doctor args…` and returns stdout,

@@ -46,6 +46,7 @@ var subcommands = []struct{ name, summary string }{
 	{"discover", "show what the node has and which pool gets what"},
 	{"doctor", "say why NCCL would not use RDMA here, and the fix"},
 	{"provision", "create the VFs SriovNetworkNodePolicies ask for"},
+	{"install-cni", "install the sriov CNI binary into the node's CNI bin_dir (the init container)"},
 }
 
 // run dispatches to a subcommand; no subcommand means serve.

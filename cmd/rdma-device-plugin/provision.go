@@ -8,15 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/pkg/cnistate"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
@@ -24,7 +22,7 @@ import (
 )
 
 // Where the CNI keeps what it attached (cmd/sriov-cni's default stateDir).
-const defaultCNIStateDir = "/var/lib/cni/sriov"
+const defaultCNIStateDir = cnistate.DefaultDir
 
 // provisionFlags say where the policies are and what may be asked about
 // the node; serve and the provision subcommand share them.
@@ -81,7 +79,7 @@ func inUse(ctx context.Context, snap *nic.Snapshot, podResources, cniStateDir st
 		out[a] = who
 	}
 	if cniStateDir != "" {
-		held, err := cniAttached(cniStateDir)
+		held, err := cnistate.Attached(cniStateDir)
 		if err != nil {
 			unknown("CNI state "+cniStateDir, err)
 		}
@@ -99,39 +97,6 @@ func inUse(ctx context.Context, snap *nic.Snapshot, podResources, cniStateDir st
 		}
 	}
 	return out, warns
-}
-
-// cniAttached reads the sriov CNI's state files (<dir>/<vf>.json): each
-// is a VF attached to a container.
-func cniAttached(dir string) (map[string]string, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, e := range ents {
-		addr, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !pci.ValidAddress(addr) || !e.Type().IsRegular() {
-			continue
-		}
-		var st struct {
-			Network     string `json:"network"`
-			ContainerID string `json:"containerID"`
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err == nil {
-			_ = json.Unmarshal(b, &st)
-		}
-		id := st.ContainerID
-		if len(id) > 12 {
-			id = id[:12]
-		}
-		out[addr] = fmt.Sprintf("CNI attachment of container %s (network %s)", orDash(id), orDash(st.Network))
-	}
-	return out, nil
 }
 
 func orDash(s string) string {

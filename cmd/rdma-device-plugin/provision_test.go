@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
+	fx "github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 	"github.com/fastpath-k8s/fastpath/pkg/provision/provisiontest"

@@ -22,10 +22,10 @@ import (
 	"github.com/vishvananda/netlink"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	fx "github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )

@@ -24,8 +24,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
-	fx "github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	fx "github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 )
 
 // soakPools are what combined.json serves on the DGX fixture.

@@ -20,7 +20,9 @@ func main() {
 	// JSON document on stdout, the VF already renamed on the host) and
 	// fails every DEL of such an attachment forever.
 	_ = os.Setenv("CNI_NETNS_OVERRIDE", "1")
-	skel.PluginMainFuncs(plugin.New().Funcs(),
+	p := plugin.New()
+	testBuild(p)
+	skel.PluginMainFuncs(p.Funcs(),
 		// Every version upstream sriov-cni takes: a network written for it
 		// in 0.1.0–0.3.0 must at least DEL (skel refuses CHECK, GC and
 		// STATUS where the conf's version has none); ADD answers in that

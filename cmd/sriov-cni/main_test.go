@@ -21,8 +21,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/fastpath-k8s/fastpath/cmd/sriov-cni/internal/plugin"
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 )
 
 func TestMain(m *testing.M) {

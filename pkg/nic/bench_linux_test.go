@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor/fromnic"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
-	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
 
 // discoverHosts are the generated scale hosts: PFs x VFs per PF.
@@ -23,7 +23,7 @@ var discoverHosts = []struct{ pfs, vfs int }{{8, 16}, {8, 128}, {32, 128}}
 //
 // The floor sub-benchmark is not fastpath code: on the same host it makes
 // only the system calls no faithful scan can do without (package
-// internal/floor says which). It tells what this machine's kernel charges for
+// internal/testsupport/floor says which). It tells what this machine's kernel charges for
 // reading a node, so that Scan's figure can be read against it. vs-floor
 // alternates the two and reports the median ratio (x-floor), beside the
 // medians of the scan (ms) and of the floor pass (floor-ms) in those

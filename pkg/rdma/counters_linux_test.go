@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )
 

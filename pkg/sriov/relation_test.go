@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )

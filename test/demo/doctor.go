@@ -12,8 +12,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/kubeletstub"
 )
 
 // doctor is the demo's last step: a copy of the fixture host with real

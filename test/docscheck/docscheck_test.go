@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 	"github.com/fastpath-k8s/fastpath/test/docscheck"
 )
 
@@ -143,12 +143,13 @@ func TestReadmeExample(t *testing.T) {
 // its --help lists is there. rdma-device-plugin-dra's are its DRA flags
 // (the others are rdma-device-plugin's, on that command's page).
 var helpPages = map[string]string{
-	"rdma-device-plugin":           "docs/device-plugin.md",
-	"rdma-device-plugin serve":     "docs/device-plugin.md",
-	"rdma-device-plugin discover":  "docs/install.md",
-	"rdma-device-plugin doctor":    "docs/troubleshooting.md",
-	"rdma-device-plugin provision": "docs/vfs.md",
-	"rdma-device-plugin-dra":       "docs/dra.md",
+	"rdma-device-plugin":             "docs/device-plugin.md",
+	"rdma-device-plugin serve":       "docs/device-plugin.md",
+	"rdma-device-plugin discover":    "docs/install.md",
+	"rdma-device-plugin doctor":      "docs/troubleshooting.md",
+	"rdma-device-plugin provision":   "docs/vfs.md",
+	"rdma-device-plugin install-cni": "docs/install.md",
+	"rdma-device-plugin-dra":         "docs/dra.md",
 }
 
 // Every flag of every --help is documented on its command's page (the

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.Main(m)) }

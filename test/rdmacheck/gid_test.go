@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 )
 
 // fakeKernel writes, with the fixture builder, a /sys standing in for a

@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 

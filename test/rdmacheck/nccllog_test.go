@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 )
 
 // Rank 0's output of the two runs, as NCCL 2.18-2.23 prints its

@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 )
 
 // phase is one run of the check's steps in one RDMA netns mode, with

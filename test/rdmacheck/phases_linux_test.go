@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 

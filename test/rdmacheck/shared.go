@@ -5,7 +5,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 )
 
 // shared runs the CNI in shared mode, in the check's own netns: the

@@ -7,7 +7,7 @@
 // pools, then waits for SIGTERM.
 //
 // It discovers nothing unless given -vfs: then, before it serves, it
-// makes one discovery floor pass (package internal/floor) over the VFs
+// makes one discovery floor pass (package internal/testsupport/floor) over the VFs
 // listed in that file (written by floor.Write) below -root, which is the
 // least a plugin that reads the node before it registers does on a large
 // host. With -list too, the pass first lists the bus and the four class
@@ -39,7 +39,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
 )
 
 type server struct {

@@ -6,7 +6,7 @@
 //	scanfaults HOST-ROOT
 //
 // Run it several times (each run is one fresh process) on a generated host
-// (internal/fixture.Generate) or a node's /.
+// (internal/testsupport/fixture.Generate) or a node's /.
 package main
 
 import (

@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 )
 

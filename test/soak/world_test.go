@@ -21,8 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
-	"github.com/fastpath-k8s/fastpath/internal/testnet"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testnet"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"

@@ -1,5 +1,5 @@
 // Package provisiontest plays the kernel over a fixture host
-// (internal/fixture), since this machine has no SR-IOV PF to change: Host
+// (internal/testsupport/fixture), since this machine has no SR-IOV PF to change: Host
 // is what the PCI core and the VF drivers do to the host's sysfs (its doc
 // lists the kernel behaviours modelled and where each was checked);
 // Kernel is a fake provision.Kernel that calls it, and Standin calls it

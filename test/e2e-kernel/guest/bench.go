@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/fastpath-k8s/fastpath/internal/latency"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/latency"
 )
 
 // The CNI benchmark (test/e2e-kernel/bench-cni.sh): builds of a CNI

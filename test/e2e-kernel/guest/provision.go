@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/kubeletstub"
 )
 
 const (

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/kubeletstub"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 

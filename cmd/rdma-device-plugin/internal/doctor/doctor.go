@@ -127,7 +127,7 @@ type Options struct {
 }
 
 // FixtureMarker is the file at the top of a fixture host that
-// internal/fixture (make fixtures) and the captured hosts carry; its
+// internal/testsupport/fixture (make fixtures) and the captured hosts carry; its
 // fixture.Marker is the same name. Git cannot hold device nodes, so a
 // fixture's /dev/infiniband has empty files where a node has char devices.
 const FixtureMarker = "fastpath-fixture"

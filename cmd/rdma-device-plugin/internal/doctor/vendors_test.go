@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
 
@@ -264,7 +264,7 @@ func TestVendorHosts(t *testing.T) {
 			want:  []want{{"pool", Fail, []string{"intel.com/igb_rdma", "5 Intel 82576/I350 VFs", "have no RDMA in the kernel", "can never be served"}}},
 			once:  []string{"igb_rdma", "0000:01:10.2"},
 			never: []want{{"sriov", Warn, nil}, {"kernel-module", Fail, nil}}},
-		// The committed hosts of the fixture (internal/fixture/vendors.go).
+		// The committed hosts of the fixture (internal/testsupport/fixture/vendors.go).
 		{name: "e810-irdma without a config", host: "e810-irdma",
 			want:  []want{{"kernel-module", OK, []string{"ice, iavf, irdma, ib_uverbs, ib_umad, rdma_ucm | loaded"}}, {"port", OK, []string{"2 ports ACTIVE"}}},
 			never: []want{{"kernel-module", Fail, nil}, {"sriov", Warn, nil}}},

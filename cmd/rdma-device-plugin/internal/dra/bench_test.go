@@ -12,9 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/fixture/genhost"
-	"github.com/fastpath-k8s/fastpath/internal/latency"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture/genhost"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/latency"
 )
 
 // The benchmarks run the driver on a generated host of 16 PFs with 64 VFs

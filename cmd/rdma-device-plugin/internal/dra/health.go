@@ -9,14 +9,13 @@ import (
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/links"
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
 )
 
-// LinkSource delivers link events of the host netns (plugin.NetlinkLinks
-// in production, plugin.ChanLinks in tests).
-type LinkSource interface {
-	Subscribe(ctx context.Context) (<-chan plugin.LinkEvent, error)
-}
+// LinkSource delivers link events of the host netns (links.Netlink in
+// production, linkstest.Chan in tests): the device plugin's, shared.
+type LinkSource = links.Source
 
 // Reasons for an unhealthy VF, the value of its TaintUnhealthy taint.
 const (

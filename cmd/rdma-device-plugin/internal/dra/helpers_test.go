@@ -24,6 +24,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/links/linkstest"
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
@@ -59,36 +60,13 @@ func draPools(t testing.TB, root, config string) []pool.Pool {
 	return out
 }
 
-// chanLinks is a link source fed by hand.
-type chanLinks struct{ C chan plugin.LinkEvent }
-
-func (c *chanLinks) Subscribe(ctx context.Context) (<-chan plugin.LinkEvent, error) {
-	out := make(chan plugin.LinkEvent)
-	go func() {
-		defer close(out)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case ev := <-c.C:
-				select {
-				case out <- ev:
-				case <-ctx.Done():
-					return
-				}
-			}
-		}
-	}()
-	return out, nil
-}
-
 // testEnv is a node for the driver: a fixture host, the kubelet's
 // directories, a fake API server with the Node, and link events by hand.
 type testEnv struct {
 	root                                string
 	pluginDir, registryDir, cdiDir, dev string
 	client                              *fake.Clientset
-	links                               *chanLinks
+	links                               *linkstest.Chan
 	scan                                plugin.Scan
 }
 
@@ -101,7 +79,7 @@ func newTestEnv(t testing.TB, root, config string) *testEnv {
 		root: root, pluginDir: filepath.Join(base, "plugin"), registryDir: filepath.Join(base, "registry"),
 		cdiDir: filepath.Join(base, "cdi"), dev: filepath.Join(base, "devinfo"),
 		client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, UID: "node-a-uid"}}),
-		links:  &chanLinks{C: make(chan plugin.LinkEvent, 16)},
+		links:  linkstest.NewChan(),
 		scan:   scanWith(t, root, config),
 	}
 	for _, d := range []string{e.pluginDir, e.registryDir} {

@@ -24,7 +24,7 @@ import (
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 )
 
 // driverChild is set in the environment of the driver process that

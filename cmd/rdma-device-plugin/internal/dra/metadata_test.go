@@ -21,7 +21,7 @@ import (
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 )
 
 var rail2vf0 = fixture.VFAddress(0x4f, 0) // ibp79s0v0, mlx5_20, uverbs22

@@ -20,7 +20,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/dra"
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 )
 
 // reserve stores a claim's consumers as the scheduler does when it

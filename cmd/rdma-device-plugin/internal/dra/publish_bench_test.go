@@ -11,7 +11,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
-	"github.com/fastpath-k8s/fastpath/internal/latency"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/latency"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 )
 

@@ -1,32 +1,9 @@
 package plugin
 
-import "context"
+import "github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/links/linkstest"
 
 // ChanLinks is a LinkSource fed by hand: tests and benchmarks send on C.
-type ChanLinks struct{ C chan LinkEvent }
-
-var _ LinkSource = (*ChanLinks)(nil)
+type ChanLinks = linkstest.Chan
 
 // NewChanLinks returns a ChanLinks with a small buffer.
-func NewChanLinks() *ChanLinks { return &ChanLinks{C: make(chan LinkEvent, 64)} }
-
-// Subscribe forwards C until ctx ends.
-func (c *ChanLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) {
-	out := make(chan LinkEvent)
-	go func() {
-		defer close(out)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case ev := <-c.C:
-				select {
-				case out <- ev:
-				case <-ctx.Done():
-					return
-				}
-			}
-		}
-	}()
-	return out, nil
-}
+func NewChanLinks() *ChanLinks { return linkstest.NewChan() }

@@ -287,11 +287,19 @@ func (m *Manager) Run(ctx context.Context, first Scan) error {
 			if ok {
 				m.log.Warn("file watch error", "err", err)
 			}
-		case ev := <-devEvents:
+		case ev, ok := <-devEvents:
+			if !ok {
+				devEvents = nil // the watch was closed
+				continue
+			}
 			if fw.classify(ev, m.ownSocket) == devChange {
 				devSettle.Reset(devSettleDelay)
 			}
-		case err := <-devErrors:
+		case err, ok := <-devErrors:
+			if !ok {
+				devErrors = nil
+				continue
+			}
 			// Events lost, or the watch failed: look at the devices.
 			m.log.Warn("file watch error", "err", err)
 			devSettle.Reset(devSettleDelay)

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/fastpath-k8s/fastpath/internal/kubeletstub"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/kubeletstub"
 )
 
 // A VF whose netdev left the host netns is healthy while a live pod holds

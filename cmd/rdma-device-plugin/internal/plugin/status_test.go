@@ -13,7 +13,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 )
 

@@ -20,9 +20,9 @@ import (
 // /dev/infiniband).
 type fileWatch struct {
 	w *fsnotify.Watcher
-	// dev watches devDir and ibDir for entries only (see dirWatch); nil
-	// when it could not be set up.
-	dev                   *dirWatch
+	// dev watches devDir and ibDir; classify counts only entries coming
+	// and going there (see devEntry). nil when it could not be set up.
+	dev                   *fsnotify.Watcher
 	kubeletDir            string
 	configDir, configBase string // "" when the config is not watched
 	devDir, ibDir         string // <host root>/dev and its infiniband/
@@ -69,14 +69,14 @@ func newFileWatch(opts *Options, log *slog.Logger) (*fileWatch, error) {
 	f.ibDir = filepath.Join(opts.HostRoot, rdma.DevDir)
 	// A second inotify instance: one more of the user's
 	// fs.inotify.max_user_instances, which a busy node may have used up.
-	if f.dev, err = newDirWatch(); err == nil {
-		err = f.dev.add(f.devDir)
+	if f.dev, err = fsnotify.NewWatcher(); err == nil {
+		err = f.dev.Add(f.devDir)
 	}
 	if err != nil {
 		log.Warn("RDMA char devices coming and going are noticed at the next periodic rescan only", "dir", f.devDir, "err", err)
 		f.devDir = ""
 		if f.dev != nil {
-			f.dev.close()
+			f.dev.Close()
 			f.dev = nil
 		}
 		return f, nil
@@ -89,7 +89,7 @@ func newFileWatch(opts *Options, log *slog.Logger) (*fileWatch, error) {
 // goes with the RDMA modules; its parent's watch says when).
 func (f *fileWatch) watchIB() {
 	if f.dev != nil {
-		_ = f.dev.add(f.ibDir)
+		_ = f.dev.Add(f.ibDir)
 	}
 }
 
@@ -98,13 +98,13 @@ func (f *fileWatch) devEvents() (<-chan fsnotify.Event, <-chan error) {
 	if f.dev == nil {
 		return nil, nil
 	}
-	return f.dev.events, f.dev.errors
+	return f.dev.Events, f.dev.Errors
 }
 
 func (f *fileWatch) close() {
 	f.w.Close()
 	if f.dev != nil {
-		f.dev.close()
+		f.dev.Close()
 	}
 }
 
@@ -158,13 +158,23 @@ func (f *fileWatch) classify(ev fsnotify.Event, own func(path string) bool) chan
 		if base == f.configBase || strings.HasPrefix(base, "..") {
 			return configChange
 		}
-	case dir == f.ibDir:
+	case dir == f.ibDir && devEntry(ev):
 		return devChange
-	case f.devDir != "" && dir == f.devDir && base == filepath.Base(rdma.DevDir):
+	case f.devDir != "" && dir == f.devDir && base == filepath.Base(rdma.DevDir) && devEntry(ev):
 		if ev.Has(fsnotify.Create) {
 			f.watchIB()
 		}
 		return devChange
 	}
 	return noChange
+}
+
+// devEntry reports whether ev is an entry of a /dev directory coming or
+// going (created, removed, renamed in or out), the only events of the dev
+// watch that change what the plugin serves. fsnotify also reports writes
+// and mode changes of the entries (a process on the host writing to a
+// char device, a udev rule's chmod): those leave the devices as they
+// were, and cost a wakeup each, not a rescan.
+func devEntry(ev fsnotify.Event) bool {
+	return ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)
 }

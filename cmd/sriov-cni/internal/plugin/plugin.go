@@ -92,7 +92,7 @@ type Plugin struct {
 	Stdout, Stderr io.Writer
 
 	// failpoint is called at each step boundary of ADD and teardown; only
-	// test builds set it (testBuild).
+	// test builds set it (SetFailpoint).
 	failpoint func(name string)
 	// nodeFile is the node config's file, for errors that tell the node's
 	// admin where to change a path ("" is DefaultNodeConfigPath); nodeErr
@@ -115,7 +115,6 @@ func New() *Plugin {
 		HostRoot: root, Node: node, NewPFLink: sriov.NewNetlinkPFLink, RDMA: NewNetlinkRDMA(), NewPodResources: NewKubeletPodResources,
 		Stdout: os.Stdout, Stderr: os.Stderr, nodeFile: file, nodeErr: err,
 	}
-	testBuild(p)
 	return p
 }
 

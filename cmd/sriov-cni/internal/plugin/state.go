@@ -1,191 +1,63 @@
 package plugin
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"strings"
 
-	"github.com/fastpath-k8s/fastpath/internal/ifname"
-	"github.com/fastpath-k8s/fastpath/pkg/pci"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
+	"github.com/fastpath-k8s/fastpath/pkg/cnistate"
 )
 
+// The state file's format is package cnistate's, which provisioning reads
+// too; the names below keep the plugin's code as it was.
+
 // StateVersion is the major version of the state file format this plugin
-// writes. The rule: a plugin reads every major from 1 up to its own,
-// upgrading an older one as it loads it (see upgrade), so a node's running
-// attachments survive a plugin upgrade; a file of a major it does not know
-// — a newer plugin's, after a downgrade — is set aside like any other file
-// it cannot trust, never guessed at. Fields added with omitempty, which an
-// older plugin of the same major ignores, do not change the major.
-//
-// 1: LinkMoved and RDMAMoved were saved once the step was done.
-// 2: every step is journaled before it starts (write-ahead): LinkMoved,
-// RDMAMoved, VFApplied, IPAMAdded and DeviceInfoFile are intents.
-const StateVersion = 2
+// writes (cnistate.Version says the rule).
+const StateVersion = cnistate.Version
 
 // Phase is how far ADD got.
-type Phase string
+type Phase = cnistate.Phase
 
 // Phases of an attachment.
 const (
-	PhaseAdding Phase = "adding" // ADD is changing the node; a crash leaves this
-	PhaseAdded  Phase = "added"
+	PhaseAdding = cnistate.PhaseAdding
+	PhaseAdded  = cnistate.PhaseAdded
 )
 
-// State is what ADD did, or began, to one VF, so that DEL can undo it even
-// when the pod's netns is gone and the conf is all DEL has.
-type State struct {
-	Version int   `json:"version"`
-	Phase   Phase `json:"phase"`
-	// BootID is the kernel's boot_id when ADD ran: state from an earlier
-	// boot describes VFs and namespaces that the reboot reset.
-	BootID      string `json:"bootID,omitempty"`
-	Network     string `json:"network"`
-	ContainerID string `json:"containerID"`
-	IfName      string `json:"ifName"`
-	Netns       string `json:"netns"`
+// State is what ADD did, or began, to one VF: cnistate.State, with the
+// plugin's own methods.
+type State cnistate.State
 
-	PCIAddress string `json:"pciAddress"`
-	PFAddress  string `json:"pfAddress"`
-	PFNetdev   string `json:"pfNetdev"`
-	VFIndex    int    `json:"vfIndex"`
-	LinkType   string `json:"linkType,omitempty"`
-	VFIO       bool   `json:"vfio,omitempty"`
-
-	// The VF netdev as it was on the host, and as it was set in the pod.
-	HostName  string `json:"hostName,omitempty"`
-	HostMAC   string `json:"hostMAC,omitempty"`
-	HostMTU   int    `json:"hostMTU,omitempty"`
-	HostAlias string `json:"hostAlias,omitempty"`
-	HostUp    bool   `json:"hostUp,omitempty"`
-	PodMAC    string `json:"podMAC,omitempty"`
-	PodMTU    int    `json:"podMTU,omitempty"`
-
-	// The journal. ADD sets each of these, and saves the state, before
-	// the step it names begins; teardown undoes every step that may have
-	// happened, and each undo is idempotent.
-
-	// VFOrig is the VF's settings on the PF before ADD; VFApplied the
-	// settings ADD began to change, in order.
-	VFOrig    *sriov.VFConfig `json:"vfOrig,omitempty"`
-	VFApplied []sriov.Setting `json:"vfApplied,omitempty"`
-	// LinkMoved: the netdev's move into the pod began.
-	LinkMoved bool `json:"linkMoved,omitempty"`
-	// RDMADevice moves with the netdev (exclusive RDMA netns mode);
-	// RDMAMoved: its move began.
-	RDMADevice string `json:"rdmaDevice,omitempty"`
-	RDMAMoved  bool   `json:"rdmaMoved,omitempty"`
-	// IPAMAdded: the IPAM plugin's ADD was started.
-	IPAMType  string `json:"ipamType,omitempty"`
-	IPAMAdded bool   `json:"ipamAdded,omitempty"`
-	// DeviceInfoFile is the device-info file ADD began to write; only
-	// that one is removed, and only while it still names this VF.
-	DeviceInfoFile string `json:"deviceInfoFile,omitempty"`
-
-	Result json.RawMessage `json:"result,omitempty"`
-
-	// DelAttempts counts DELs that failed to restore something.
-	DelAttempts int `json:"delAttempts,omitempty"`
-}
+// format is st as the format's owner sees it.
+func (s *State) format() *cnistate.State { return (*cnistate.State)(s) }
 
 // PodMACOrActual is the MAC the pod's interface has: the one ADD set, or
 // the VF netdev's own.
-func (s *State) PodMACOrActual() string {
-	if s.PodMAC != "" {
-		return s.PodMAC
-	}
-	return s.HostMAC
-}
-
-// bootIDPath holds a random ID the kernel picks at each boot.
-const bootIDPath = "/proc/sys/kernel/random/boot_id"
+func (s *State) PodMACOrActual() string { return s.format().PodMACOrActual() }
 
 // BootID is this boot's ID ("" when unreadable: no state is then judged
 // stale).
-func BootID() string {
-	b, err := os.ReadFile(bootIDPath)
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-}
+func BootID() string { return cnistate.BootID() }
 
 // stale reports whether st was written before the node last booted.
-func (s *State) stale(boot string) bool {
-	return boot != "" && s.BootID != "" && s.BootID != boot
-}
+func (s *State) stale(boot string) bool { return s.format().Stale(boot) }
 
 // owner names the attachment for messages.
-func (s *State) owner() string {
-	return fmt.Sprintf("container %s interface %s (network %q)", s.ContainerID, s.IfName, s.Network)
-}
+func (s *State) owner() string { return s.format().Owner() }
 
 // is reports whether st is the attachment (containerID, ifName) of network.
 func (s *State) is(network, containerID, ifName string) bool {
-	return s.Network == network && s.ContainerID == containerID && s.IfName == ifName
+	return s.format().Is(network, containerID, ifName)
 }
 
 // decodeState parses a state file of vf and upgrades it to StateVersion.
 // Every error means the file cannot be trusted (ErrBadState).
 func decodeState(vf string, data []byte) (*State, error) {
-	st := &State{}
-	if err := json.Unmarshal(data, st); err != nil {
+	st, err := cnistate.Decode(vf, data)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadState, err)
 	}
-	if st.Version < 1 || st.Version > StateVersion {
-		return nil, fmt.Errorf("%w: version %d, this plugin reads versions 1 to %d", ErrBadState, st.Version, StateVersion)
-	}
-	upgrade(st)
-	if err := st.valid(vf); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadState, err)
-	}
-	return st, nil
-}
-
-// upgrade turns a state an older plugin wrote into this version's meaning.
-func upgrade(st *State) {
-	if st.Version == 1 {
-		// Version 1 released every IPAM allocation on DEL, and saved
-		// LinkMoved and RDMAMoved only once done: a state ADD left
-		// half-way may have begun either.
-		st.IPAMAdded = st.IPAMType != ""
-		if st.Phase == PhaseAdding {
-			st.LinkMoved = !st.VFIO && st.HostName != ""
-			st.RDMAMoved = st.RDMADevice != ""
-		}
-	}
-	st.Version = StateVersion
+	return (*State)(st), nil
 }
 
 // valid checks what teardown relies on, so that a state that parses but
 // names something else is not acted on.
-func (s *State) valid(vf string) error {
-	switch {
-	case s.PCIAddress != vf:
-		return fmt.Errorf("pciAddress %q in the state of %s", s.PCIAddress, vf)
-	case s.Phase != PhaseAdding && s.Phase != PhaseAdded:
-		return fmt.Errorf("phase %q", s.Phase)
-	case s.ContainerID == "" || s.Network == "":
-		return fmt.Errorf("no containerID or network")
-	case ifname.Check(s.IfName) != nil:
-		return fmt.Errorf("ifName: %v", ifname.Check(s.IfName))
-	case s.PFAddress != "" && !pci.ValidAddress(s.PFAddress):
-		return fmt.Errorf("pfAddress %q", s.PFAddress)
-	case s.HostName != "" && ifname.Check(s.HostName) != nil:
-		return fmt.Errorf("hostName: %v", ifname.Check(s.HostName))
-	case s.PFNetdev != "" && ifname.Check(s.PFNetdev) != nil:
-		return fmt.Errorf("pfNetdev: %v", ifname.Check(s.PFNetdev))
-	case len(s.VFApplied) > 0 && s.VFOrig == nil:
-		return fmt.Errorf("vfApplied without vfOrig")
-	}
-	for _, a := range s.VFApplied {
-		if !a.Known() {
-			return fmt.Errorf("vfApplied: unknown VF setting %q", a)
-		}
-	}
-	if s.DeviceInfoFile != "" && !strings.HasPrefix(s.DeviceInfoFile, "/") {
-		return fmt.Errorf("deviceInfoFile %q is not absolute", s.DeviceInfoFile)
-	}
-	return nil
-}
+func (s *State) valid(vf string) error { return s.format().Valid(vf) }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
+	"github.com/fastpath-k8s/fastpath/pkg/cnistate"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 	"github.com/fastpath-k8s/fastpath/pkg/pci"
 )
@@ -69,7 +70,7 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 	return &Store{dir: dir, log: log}, nil
 }
 
-func (s *Store) path(vf string) string      { return filepath.Join(s.dir, vf+".json") }
+func (s *Store) path(vf string) string      { return filepath.Join(s.dir, cnistate.FileName(vf)) }
 func (s *Store) lockPath(vf string) string  { return filepath.Join(s.dir, vf+".lock") }
 func (s *Store) netnsPath(vf string) string { return filepath.Join(s.dir, vf+".netns") }
 
@@ -172,7 +173,7 @@ func (s *Store) List() ([]string, error) {
 	}
 	var vfs []string
 	for _, e := range ents {
-		if vf, ok := strings.CutSuffix(e.Name(), ".json"); ok && pci.ValidAddress(vf) {
+		if vf, ok := cnistate.VFOf(e.Name()); ok {
 			vfs = append(vfs, vf)
 		}
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/fastpath-k8s/fastpath/internal/testbin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov/sriovtest"
 )

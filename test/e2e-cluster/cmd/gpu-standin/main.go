@@ -20,7 +20,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
-	"github.com/fastpath-k8s/fastpath/internal/gpustandin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/gpustandin"
 )
 
 func main() {

@@ -1,6 +1,9 @@
-//go:build failpoints
-
-package plugin
+// Package failpointtest is the sriov CNI's fault-injection build for the soak
+// suite (test/soak): cmd/sriov-cni built with -tags failpoints calls Wire,
+// which makes the plugin kill itself at a named step boundary and keeps VF
+// settings on the PF and RDMA device placement in files instead of
+// netlink. Release builds do not link it (test/shipcheck checks).
+package failpointtest
 
 import (
 	"encoding/json"
@@ -14,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/fastpath-k8s/fastpath/cmd/sriov-cni/internal/plugin"
 	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
 	"github.com/fastpath-k8s/fastpath/pkg/netns"
 	"github.com/fastpath-k8s/fastpath/pkg/sriov"
@@ -35,16 +39,18 @@ const (
 	FakeRDMAEnv = "FASTPATH_FAKE_RDMA"
 )
 
-func testBuild(p *Plugin) {
+// Wire gives p what the environment asks for: a failpoint, VF settings
+// in files, RDMA placement in a file.
+func Wire(p *plugin.Plugin) {
 	if want := os.Getenv(FailpointEnv); want != "" {
-		p.failpoint = func(name string) {
+		p.SetFailpoint(func(name string) {
 			if name != want {
 				return
 			}
 			fmt.Fprintf(os.Stderr, "failpoint %s: SIGKILL\n", name)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // the signal is on its way
-		}
+		})
 	}
 	if dir := os.Getenv(FakePFEnv); dir != "" {
 		p.NewPFLink = func(*netlink.Handle) sriov.PFLink { return filePFLink{dir: dir} }
@@ -163,7 +169,7 @@ func (f filePFLink) SetVFGUID(pf string, vf int, guid net.HardwareAddr) error {
 // gives the netdev the PF's MAC, as igbvf's reset does. The unit tests'
 // igbVF (fakes_test.go) says where each part was checked, and also keeps
 // the MAC of the VF's last reset, which this one takes to be the PF's.
-func (f filePFLink) MACChange(st *State, mac net.HardwareAddr) error {
+func (f filePFLink) MACChange(st *plugin.State, mac net.HardwareAddr) error {
 	admin, err := f.adminMAC(st)
 	if err != nil || admin == nil || admin.String() == mac.String() {
 		return err
@@ -171,7 +177,7 @@ func (f filePFLink) MACChange(st *State, mac net.HardwareAddr) error {
 	return unix.EADDRNOTAVAIL
 }
 
-func (f filePFLink) Closed(st *State, h *netlink.Handle, l netlink.Link) error {
+func (f filePFLink) Closed(st *plugin.State, h *netlink.Handle, l netlink.Link) error {
 	admin, err := f.adminMAC(st)
 	if err != nil || admin == nil {
 		return err
@@ -180,7 +186,7 @@ func (f filePFLink) Closed(st *State, h *netlink.Handle, l netlink.Link) error {
 }
 
 // adminMAC is the non-zero MAC the PF holds for the VF, nil when none.
-func (f filePFLink) adminMAC(st *State) (net.HardwareAddr, error) {
+func (f filePFLink) adminMAC(st *plugin.State) (net.HardwareAddr, error) {
 	c, err := f.VF(st.PFNetdev, st.VFIndex)
 	if err != nil {
 		return nil, err
@@ -210,7 +216,7 @@ func hostInode() (uint64, error) {
 	return st.Ino, err
 }
 
-func (fileRDMA) NetnsMode() (string, error) { return RDMAModeExclusive, nil }
+func (fileRDMA) NetnsMode() (string, error) { return plugin.RDMAModeExclusive, nil }
 
 func (r fileRDMA) where(devs map[string]uint64, dev string) (uint64, error) {
 	if ino, ok := devs[dev]; ok {

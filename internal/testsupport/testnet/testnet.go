@@ -3,7 +3,7 @@
 // links standing in for VF netdevs, and the soak budget that `make soak`
 // and `make test` give the fault-injection tests, and Main, which runs a
 // package's root tests in namespaces of their own. (Building binaries is
-// internal/testbin.)
+// internal/testsupport/testbin.)
 package testnet
 
 import (

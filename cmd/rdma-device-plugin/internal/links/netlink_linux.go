@@ -1,27 +1,26 @@
-package plugin
+package links
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-// NetlinkLinks subscribes to RTM_NEWLINK/RTM_DELLINK in a netns (the
+// Netlink subscribes to RTM_NEWLINK/RTM_DELLINK in a netns (the
 // caller's when NS is nil). It needs no capability: the DaemonSet drops
 // them all.
-type NetlinkLinks struct {
+type Netlink struct {
 	NS *netns.NsHandle
 	// OnError is told about a broken subscription (then the channel closes).
 	OnError func(error)
 }
 
-var _ LinkSource = (*NetlinkLinks)(nil)
+var _ Source = (*Netlink)(nil)
 
 // Subscribe lists existing links, then streams changes until ctx ends.
 //
@@ -35,7 +34,7 @@ var _ LinkSource = (*NetlinkLinks)(nil)
 // events are delivered after the list, so a change made while the list is
 // read is applied after it: the last state delivered is the kernel's. A
 // list that fails is told to OnError and ends the stream.
-func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) {
+func (n *Netlink) Subscribe(ctx context.Context) (<-chan Event, error) {
 	updates := make(chan netlink.LinkUpdate, 256)
 	done := make(chan struct{})
 	opts := netlink.LinkSubscribeOptions{
@@ -51,11 +50,11 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 	if err := netlink.LinkSubscribeWithOptions(updates, done, opts); err != nil {
 		return nil, fmt.Errorf("netlink: subscribe to link updates: %w", err)
 	}
-	out := make(chan LinkEvent, 64)
+	out := make(chan Event, 64)
 	go func() {
 		defer close(out)
 		defer close(done)
-		send := func(ev LinkEvent) bool {
+		send := func(ev Event) bool {
 			select {
 			case out <- ev:
 				return true
@@ -74,7 +73,7 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 			return
 		}
 		for _, l := range existing {
-			if !send(linkEvent(l.Attrs(), false)) {
+			if !send(event(l.Attrs(), false)) {
 				return
 			}
 		}
@@ -86,7 +85,7 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 				if !ok {
 					return
 				}
-				if !send(linkEvent(u.Attrs(), u.Header.Type == unix.RTM_DELLINK)) {
+				if !send(event(u.Attrs(), u.Header.Type == unix.RTM_DELLINK)) {
 					return
 				}
 			}
@@ -96,7 +95,7 @@ func (n *NetlinkLinks) Subscribe(ctx context.Context) (<-chan LinkEvent, error) 
 }
 
 // list dumps the links of the netns.
-func (n *NetlinkLinks) list() ([]netlink.Link, error) {
+func (n *Netlink) list() ([]netlink.Link, error) {
 	var h *netlink.Handle
 	var err error
 	if n.NS != nil {
@@ -119,60 +118,10 @@ func (n *NetlinkLinks) list() ([]netlink.Link, error) {
 	}
 }
 
-func linkEvent(a *netlink.LinkAttrs, deleted bool) LinkEvent {
-	return LinkEvent{
+func event(a *netlink.LinkAttrs, deleted bool) Event {
+	return Event{
 		Name:    a.Name,
 		Deleted: deleted,
 		Up:      a.OperState == netlink.OperUp || a.OperState == netlink.OperUnknown && a.Flags&net.FlagUp != 0,
 	}
-}
-
-// DefaultRouteNetdevs are the netdevs that carry a default route (IPv4 or
-// IPv6, the main table, each path of a multipath route) in a netns (the
-// caller's when ns is nil), for pool.WithDefaultRoutes: the node's own
-// network, which no exclusive pool may hand a pod. Reading routes and
-// links needs no capability.
-func DefaultRouteNetdevs(ns *netns.NsHandle) ([]string, error) {
-	h := &netlink.Handle{}
-	if ns != nil {
-		var err error
-		if h, err = netlink.NewHandleAt(*ns); err != nil {
-			return nil, fmt.Errorf("netlink handle: %w", err)
-		}
-		defer h.Close()
-	}
-	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("list routes: %w", err)
-	}
-	var names []string
-	add := func(index int) error {
-		if index == 0 {
-			return nil
-		}
-		l, err := h.LinkByIndex(index)
-		if err != nil {
-			return fmt.Errorf("link %d of a default route: %w", index, err)
-		}
-		if n := l.Attrs().Name; !slices.Contains(names, n) {
-			names = append(names, n)
-		}
-		return nil
-	}
-	for _, r := range routes {
-		if r.Dst != nil {
-			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
-				continue
-			}
-		}
-		if err := add(r.LinkIndex); err != nil {
-			return nil, err
-		}
-		for _, p := range r.MultiPath {
-			if err := add(p.LinkIndex); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return names, nil
 }

@@ -1,7 +1,7 @@
 package fromnic_test
 
 // The floor pass over the VFs of a scanned host (they moved here from
-// internal/floor with fromnic, which package floor may not import).
+// internal/testsupport/floor with fromnic, which package floor may not import).
 
 import (
 	"bytes"
@@ -12,10 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor/fromnic"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
-	"github.com/fastpath-k8s/fastpath/pkg/nic/fromnic"
 )
 
 // generated is a 2x4-VF host and its VFs as a floor pass reads them.

@@ -1,16 +1,17 @@
 //go:build linux
 
-// Package fromnic takes a floor pass's VFs (internal/floor) from a scan
-// of package nic, for the benchmarks that set a scan against the floor and
+// Package fromnic takes a floor pass's VFs (package floor) from a scan of
+// package nic, for the benchmarks that set a scan against the floor and
 // the floor's own tests. It is apart from package floor so that
-// test/regfloor, which makes passes, links no fastpath discovery code, and
-// it lives above nic so that the dependency runs down (pkg -> internal).
+// test/regfloor, which makes passes, links no fastpath discovery code.
+// Like all of internal/testsupport it stands beside the tests, above
+// every layer it imports; no production binary links it.
 package fromnic
 
 import (
 	"fmt"
 
-	"github.com/fastpath-k8s/fastpath/internal/floor"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/floor"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/rdma"
 )

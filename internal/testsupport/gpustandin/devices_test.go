@@ -7,12 +7,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fastpath-k8s/fastpath/internal/fixture"
-	"github.com/fastpath-k8s/fastpath/internal/gpustandin"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
+	"github.com/fastpath-k8s/fastpath/internal/testsupport/gpustandin"
 )
 
 func TestDGXGPUs(t *testing.T) {
-	gpus, err := gpustandin.GPUs(filepath.Join("..", "..", "testdata", "sysfs", "dgx-h100"))
+	gpus, err := gpustandin.GPUs(filepath.Join("..", "..", "..", "testdata", "sysfs", "dgx-h100"))
 	require.NoError(t, err)
 	require.Len(t, gpus, len(fixture.DGXRails))
 	for i, r := range fixture.DGXRails {
@@ -26,7 +26,7 @@ func TestDGXGPUs(t *testing.T) {
 		require.Equal(t, int64(r.NUMA), *a["resource.kubernetes.io/numaNode"].IntValue)
 	}
 	// A host without GPUs has none, and no error.
-	none, err := gpustandin.GPUs(filepath.Join("..", "..", "testdata", "sysfs", "roce-cx6dx"))
+	none, err := gpustandin.GPUs(filepath.Join("..", "..", "..", "testdata", "sysfs", "roce-cx6dx"))
 	require.NoError(t, err)
 	require.Empty(t, none)
 }
