@@ -563,7 +563,7 @@ dra_delete() {
 	check "no device-info file left for the claims" wait_for 30 "devinfo empty" empty_dir "$DEVINFO_DIR"
 	check "all $WANT_VFS stand-ins back on the host under their names and MACs" wait_for 30 "stand-ins back" standins_home
 	expect "whereabouts IPPool $EXAMPLE_RANGE empty" "" "$(ippool_pods "$EXAMPLE_RANGE" | xargs)"
-	check "sriov CNI state dir $SRIOV_STATE empty" empty_dir "$SRIOV_STATE"
+	check "sriov CNI state dir $SRIOV_STATE empty" no_state "$SRIOV_STATE"
 	check "kubectl delete -k of the DRA deployment" kubectl delete -k "$RUN/deploy-dra" --timeout 120s
 	# Uninstalled, the driver leaves nothing the kubelet or the scheduler
 	# would still act on: its registration and plugin sockets go with it,

@@ -475,12 +475,13 @@ tn_job_delete() {
 }
 
 # tn_node_left N prints what is left of pods on node N: pod netns in its
-# /run/netns, the sriov CNI's state, libcni's cache, Multus' cache,
+# /run/netns, the sriov CNI's state (its tombstones, deleted-*.json, are
+# none: docs/cni.md), libcni's cache, Multus' cache,
 # PodResources' pods, containers.
 tn_node_left() {
 	local n=$1
 	find "$(node_path "$n" /run/netns)" "$(node_path "$n" /var/lib/cni/sriov)" "$(node_path "$n" /var/lib/cni/results)" \
-		"$(node_dir "$n")/cni/multus" -mindepth 1 -type f 2>/dev/null | sed "s|^$(node_dir "$n")/||"
+		"$(node_dir "$n")/cni/multus" -mindepth 1 -type f ! -name 'deleted-*.json' 2>/dev/null | sed "s|^$(node_dir "$n")/||"
 	node_podres "$n" list | awk '$1 ~ /^default\// { print "podresources: " $1 }'
 	node_ctr "$n" tasks ls -q | while read -r id; do
 		node_ctr "$n" containers info "$id" | jq -r '.Labels["io.kubernetes.pod.namespace"] // ""' | grep -qx default && echo "task $id"
