@@ -327,7 +327,7 @@ func cycleNetnsGone(w *world, _ int) map[*vf]bool {
 // sends DEL: the next pod's ADD for the VF finds the netns gone and the VF
 // back on the host, tears the lost attachment down and takes the VF. Every
 // other time that ADD is killed inside the reclaim, at a teardown step;
-// the runtime DELs the failed ADD and tries again. A late DEL of the lost
+// the runtime DELs the failed ADD and tries again in a new sandbox. A late DEL of the lost
 // pod succeeds and leaves the new attachment alone.
 func cycleReclaim(w *world, n int) map[*vf]bool {
 	v := w.take(1)[0]
@@ -349,6 +349,10 @@ func cycleReclaim(w *world, n int) map[*vf]bool {
 			w.problem("ADD %s reclaiming from a lost pod not killed at %s: ok=%v code %d %s", v.addr, point, o.ok, o.code, o.msg)
 		}
 		w.del(next)
+		// The kubelet's retry is a new sandbox, with a new container
+		// ID: an ADD of the one just deleted is refused (a DEL that
+		// overtakes its ADD, docs/cni.md).
+		next.cid = "c-" + testnet.RandHex(6)
 	}
 	o := w.exec(call{cmd: "ADD", p: next})
 	switch {

@@ -78,7 +78,11 @@ func (w *world) leaks(allowDown map[*vf]bool) []string {
 	for _, dir := range []string{w.stateDir, w.devinfo} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
-			if e.Name() != "filler" && !strings.HasSuffix(e.Name(), ".json.bad") {
+			// A tombstone (deleted-*.json: a DEL that found no attachment)
+			// is no leak: it refuses a late ADD of its attachment and
+			// expires after ten minutes (docs/cni.md).
+			tombstone := strings.HasPrefix(e.Name(), "deleted-") && strings.HasSuffix(e.Name(), ".json")
+			if e.Name() != "filler" && !strings.HasSuffix(e.Name(), ".json.bad") && !tombstone {
 				add("%s left in %s", e.Name(), dir)
 			}
 		}

@@ -142,6 +142,11 @@ func (w *world) standIn(v *vf) {
 		_ = netlink.LinkDel(l) // the stand-in goes with it, wherever it is
 	}
 	l := testnet.Veth(w.t, nil, v.netdev, v.peer)
+	// The plugin (failpoints build, FASTPATH_STANDINS) tells the stand-in
+	// for v's VF by this name (failpointtest.StandInAltName), as the
+	// kernel tells a VF netdev by its parent device, under whatever name
+	// and in whatever netns.
+	require.NoError(w.t, netlink.LinkAddAltName(l, "fpvf_"+strings.ReplaceAll(v.addr, ":", "_")))
 	v.mac, v.mtu = l.Attrs().HardwareAddr.String(), l.Attrs().MTU
 }
 
@@ -267,7 +272,8 @@ func (w *world) exec(c call) outcome {
 	cmd := exec.Command(filepath.Join(w.bin, "sriov"))
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "CNI_COMMAND=" + c.cmd, "CNI_CONTAINERID=" + c.p.cid, "CNI_NETNS=" + c.p.nsPath,
 		"CNI_IFNAME=" + c.p.ifName, "CNI_PATH=" + w.bin, "FASTPATH_HOST_ROOT=" + c.p.vf.root,
-		"FASTPATH_FAKE_PF=" + w.pfDir, "FASTPATH_FAKE_RDMA=" + w.rdmaFile, "FASTPATH_CNI_NODE_CONFIG=" + w.nodeConf}
+		"FASTPATH_FAKE_PF=" + w.pfDir, "FASTPATH_FAKE_RDMA=" + w.rdmaFile, "FASTPATH_CNI_NODE_CONFIG=" + w.nodeConf,
+		"FASTPATH_STANDINS=1"}
 	if c.failpoint != "" {
 		cmd.Env = append(cmd.Env, "FASTPATH_FAILPOINT="+c.failpoint)
 	}

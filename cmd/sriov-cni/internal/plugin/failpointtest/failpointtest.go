@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -37,7 +38,38 @@ const (
 	// FakeRDMAEnv names a JSON file that records which netns (by inode)
 	// each RDMA device is in, in exclusive mode, instead of RDMA netlink.
 	FakeRDMAEnv = "FASTPATH_FAKE_RDMA"
+	// StandInsEnv, when set, says the VFs are veth stand-ins, each told
+	// by an alternative name StandInAltName gave it (see NetdevPCI).
+	StandInsEnv = "FASTPATH_STANDINS"
 )
+
+// standInPrefix starts the alternative name that tells a veth stand-in's
+// VF: ifnames take no ':' (dev_valid_name, net/core/dev.c), so the PCI
+// address's colons become underscores.
+const standInPrefix = "fpvf_"
+
+// StandInAltName is the alternative name that makes a veth stand-in the
+// VF at pciAddr for a plugin wired with StandInsEnv set.
+func StandInAltName(pciAddr string) string {
+	return standInPrefix + strings.ReplaceAll(pciAddr, ":", "_")
+}
+
+// NetdevPCI plays the kernel's IFLA_PARENT_DEV_NAME for the stand-ins
+// (Plugin.NetdevPCI): a VF netdev's parent device is its VF under any
+// name, in any netns (rtnl_fill_ifinfo puts dev_name(dev->dev.parent),
+// net/core/rtnetlink.c, since 5.15). A stand-in is told by its
+// StandInAltName, which the kernel keeps across renames and moves to
+// another netns (the netdev's name nodes move with it in
+// __dev_change_net_namespace, net/core/dev.c); every other link, the
+// peers included, has no PCI parent, as a veth or bridge has none.
+func NetdevPCI(l netlink.Link) string {
+	for _, alt := range l.Attrs().AltNames {
+		if enc, ok := strings.CutPrefix(alt, standInPrefix); ok {
+			return strings.Replace(enc, "_", ":", 2)
+		}
+	}
+	return ""
+}
 
 // Wire gives p what the environment asks for: a failpoint, VF settings
 // in files, RDMA placement in a file.
@@ -58,6 +90,9 @@ func Wire(p *plugin.Plugin) {
 	}
 	if path := os.Getenv(FakeRDMAEnv); path != "" {
 		p.RDMA = fileRDMA{path: path}
+	}
+	if os.Getenv(StandInsEnv) != "" {
+		p.NetdevPCI = NetdevPCI
 	}
 }
 
