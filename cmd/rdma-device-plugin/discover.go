@@ -102,7 +102,7 @@ func runDiscover(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err != nil {
 			return err
 		}
-		plan = provision.NewPlan(policies, provision.Node{Root: *hostRoot, Snapshot: snap, Labels: nl.labels, LabelsErr: nl.err})
+		plan = provision.NewPlan(policies, provision.Node{Root: *hostRoot, Snapshot: snap, Labels: nl.Labels, LabelsErr: nl.Err})
 		cfg = provision.Merge(cfg, provision.Resources(plan, *prefix))
 	}
 	report, err := discover(*hostRoot, cfg)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/doctor"
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/provisioner"
 	"github.com/fastpath-k8s/fastpath/internal/version"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
@@ -103,10 +104,10 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if _, err := parseLabels(node.labels); err != nil {
 			return usage("%v", err)
 		}
-		p := &provisioner{flags: provisionFlags{policy: *policyPath, stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir, node: node},
-			hostRoot: *hostRoot, podResources: plugin.DefaultPodResourcesSocket, dra: draPrepared(draFlags{}),
-			log: slog.New(slog.DiscardHandler), policies: ps, env: podEnv()}
-		if plan, _, err := p.plan(ctx); err == nil {
+		f := provisionFlags{Config: provisioner.Config{Policy: *policyPath, StateDir: provision.DefaultStateDir, CNIStateDir: defaultCNIStateDir}, node: node}
+		p := f.newProvisioner(*hostRoot, plugin.DefaultPodResourcesSocket, draPrepared(draFlags{}), slog.New(slog.DiscardHandler), podEnv())
+		p.Policies = ps
+		if plan, _, err := p.Plan(ctx); err == nil {
 			o.Plan, o.PolicyPath = plan, *policyPath
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/nodeinfo"
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/provisioner"
 )
 
 // nodeFlags say which node this is, for the policies' nodeSelector (and,
@@ -52,37 +53,27 @@ func podEnv() nodeEnv {
 	return nodeEnv{getenv: os.Getenv, saDir: nodeinfo.ServiceAccountDir, timeout: nodeinfo.DefaultTimeout}
 }
 
-// nodeLabels are the labels the policies' nodeSelector is matched
-// against, and where they came from. err says why labels that should
-// have come from the API server did not: only the policies without a
-// nodeSelector then apply (provision.Node.LabelsErr).
-type nodeLabels struct {
-	labels map[string]string
-	source string
-	err    error
-}
-
 // resolve finds this node's labels: --node-labels when given; else, with
 // --node-name in a pod, the Node's labels from the API server; else none
 // (unknown: every policy applies, as when run by hand on a node). The
 // error is a --node-labels that does not parse.
-func (f nodeFlags) resolve(ctx context.Context, env nodeEnv) (nodeLabels, error) {
+func (f nodeFlags) resolve(ctx context.Context, env nodeEnv) (provisioner.NodeLabels, error) {
 	if strings.TrimSpace(f.labels) != "" {
 		l, err := parseLabels(f.labels)
-		return nodeLabels{labels: l, source: "--node-labels"}, err
+		return provisioner.NodeLabels{Labels: l, Source: "--node-labels"}, err
 	}
 	if f.name == "" {
-		return nodeLabels{source: "unknown (no --node-labels or --node-name): every policy applies"}, nil
+		return provisioner.NodeLabels{Source: "unknown (no --node-labels or --node-name): every policy applies"}, nil
 	}
 	c, err := nodeinfo.InCluster(env.getenv, env.saDir, env.timeout)
 	if errors.Is(err, nodeinfo.ErrNotInCluster) {
-		return nodeLabels{source: "unknown (--node-name " + f.name + ", but not in a pod): every policy applies"}, nil
+		return provisioner.NodeLabels{Source: "unknown (--node-name " + f.name + ", but not in a pod): every policy applies"}, nil
 	}
 	if err == nil {
 		var l map[string]string
 		if l, err = c.Labels(ctx, f.name); err == nil {
-			return nodeLabels{labels: l, source: "node " + f.name + " (API server)"}, nil
+			return provisioner.NodeLabels{Labels: l, Source: "node " + f.name + " (API server)"}, nil
 		}
 	}
-	return nodeLabels{source: "node " + f.name + ": unreadable", err: fmt.Errorf("node %s: labels: %w", f.name, err)}, nil
+	return provisioner.NodeLabels{Source: "node " + f.name + ": unreadable", Err: fmt.Errorf("node %s: labels: %w", f.name, err)}, nil
 }

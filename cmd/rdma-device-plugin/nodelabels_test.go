@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/provisioner"
 	"github.com/fastpath-k8s/fastpath/internal/version"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
 )
@@ -54,7 +55,7 @@ func TestResolveNodeLabels(t *testing.T) {
 		flags   nodeFlags
 		env     nodeEnv
 		want    map[string]string
-		wantErr string // nodeLabels.err: unreadable
+		wantErr string // NodeLabels.Err: unreadable
 	}{
 		{name: "--node-labels wins", flags: nodeFlags{labels: "a=b, c=d", name: "node-a"}, env: fakeAPIServer(t, 200, seedLabels),
 			want: map[string]string{"a": "b", "c": "d"}},
@@ -73,14 +74,14 @@ func TestResolveNodeLabels(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			nl, err := tc.flags.resolve(context.Background(), tc.env)
 			require.NoError(t, err)
-			require.Equal(t, tc.want, nl.labels)
-			require.NotEmpty(t, nl.source)
+			require.Equal(t, tc.want, nl.Labels)
+			require.NotEmpty(t, nl.Source)
 			if tc.wantErr == "" {
-				require.NoError(t, nl.err)
+				require.NoError(t, nl.Err)
 				return
 			}
-			require.ErrorContains(t, nl.err, "node node-a: labels")
-			require.ErrorContains(t, nl.err, tc.wantErr)
+			require.ErrorContains(t, nl.Err, "node node-a: labels")
+			require.ErrorContains(t, nl.Err, tc.wantErr)
 		})
 	}
 	_, err := nodeFlags{labels: "a"}.resolve(context.Background(), notInPod)
@@ -107,9 +108,10 @@ func TestProvisionNodeSelectorFromAPI(t *testing.T) {
 		{"RBAC missing", fakeAPIServer(t, 403, `{}`), 0, true, "this node's labels are unknown: node node-a: labels: get node node-a: forbidden (403)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &provisioner{flags: provisionFlags{stateDir: t.TempDir(), node: nodeFlags{name: "node-a"}}, hostRoot: host,
-				log: slog.New(slog.DiscardHandler), policies: ps, env: tc.env}
-			plan, _, pending := p.once(context.Background(), metrics)
+			f := provisionFlags{Config: provisioner.Config{StateDir: t.TempDir()}, node: nodeFlags{name: "node-a"}}
+			p := f.newProvisioner(host, "", nil, slog.New(slog.DiscardHandler), tc.env)
+			p.Policies = ps
+			plan, _, pending := p.Once(context.Background(), metrics)
 			require.Len(t, plan.PFs, tc.pfs)
 			require.Zero(t, plan.Changes(), "the host has the seed's VFs")
 			require.Equal(t, tc.pending, pending, "retried until the labels can be read")

@@ -11,14 +11,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/provisioner"
 	"github.com/fastpath-k8s/fastpath/pkg/cnistate"
-	"github.com/fastpath-k8s/fastpath/pkg/nic"
-	"github.com/fastpath-k8s/fastpath/pkg/pci"
 	"github.com/fastpath-k8s/fastpath/pkg/provision"
-	"github.com/fastpath-k8s/fastpath/pkg/sriov"
 )
 
 // Where the CNI keeps what it attached (cmd/sriov-cni's default stateDir).
@@ -27,76 +23,16 @@ const defaultCNIStateDir = cnistate.DefaultDir
 // provisionFlags say where the policies are and what may be asked about
 // the node; serve and the provision subcommand share them.
 type provisionFlags struct {
-	policy, stateDir, cniStateDir string
-	node                          nodeFlags
-	timeout                       time.Duration
-	retry                         time.Duration // serve only
+	provisioner.Config
+	node nodeFlags
 }
 
 func registerProvisionFlags(fs *flag.FlagSet, f *provisionFlags) {
-	fs.StringVar(&f.policy, "policy", "", "SriovNetworkNodePolicy file (YAML or JSON: one, a List, or several documents): create the VFs it asks for before serving, and serve its resourceName pools; empty: no provisioning")
-	fs.StringVar(&f.stateDir, "provision-state-dir", provision.DefaultStateDir, "where provisioning keeps its write-ahead record of a PF being changed (keep it on the node: a hostPath)")
-	fs.StringVar(&f.cniStateDir, "cni-state-dir", defaultCNIStateDir, "the sriov CNI's stateDir: a VF it attached to a pod is in use")
+	fs.StringVar(&f.Policy, "policy", "", "SriovNetworkNodePolicy file (YAML or JSON: one, a List, or several documents): create the VFs it asks for before serving, and serve its resourceName pools; empty: no provisioning")
+	fs.StringVar(&f.StateDir, "provision-state-dir", provision.DefaultStateDir, "where provisioning keeps its write-ahead record of a PF being changed (keep it on the node: a hostPath)")
+	fs.StringVar(&f.CNIStateDir, "cni-state-dir", defaultCNIStateDir, "the sriov CNI's stateDir: a VF it attached to a pod is in use")
 	registerNodeFlags(fs, &f.node)
-	fs.DurationVar(&f.timeout, "provision-timeout", provision.DefaultTimeout, "how long one PF's new VFs may take to show their netdevs and RDMA devices")
-}
-
-// inUse names who holds each VF, from every place that says: the
-// kubelet's PodResources, the CNI's state and the DRA checkpoint. A
-// source that cannot be read (other than a kubelet that is not there)
-// holds every VF on the node: nothing in use is changed on a guess.
-func inUse(ctx context.Context, snap *nic.Snapshot, podResources, cniStateDir string, dra func() (map[string]string, error)) (map[string]string, []string) {
-	out := map[string]string{}
-	var warns []string
-	unknown := func(what string, err error) {
-		warns = append(warns, fmt.Sprintf("%s: %v: every VF counts as in use", what, err))
-		for _, d := range snap.Devices {
-			if d.IsVF() {
-				out[d.PCIAddress] = "unknown (" + what + " unreadable)"
-			}
-		}
-	}
-	if podResources != "" {
-		held, err := plugin.KubeletPodResources{Socket: podResources}.Holders(ctx)
-		switch {
-		case errors.Is(err, plugin.ErrNoPodResources):
-			warns = append(warns, fmt.Sprintf("no kubelet PodResources socket at %s: pods' VFs are not known", podResources))
-		case err != nil:
-			unknown("PodResources", err)
-		}
-		for id, who := range held {
-			if pci.ValidAddress(id) {
-				out[id] = who
-			}
-		}
-	}
-	// A VF a pod was allocated is also the CNI's attachment: both are
-	// named, the pod first.
-	add := func(a, who string) {
-		if prev, ok := out[a]; ok && prev != who {
-			who = prev + "; " + who
-		}
-		out[a] = who
-	}
-	if cniStateDir != "" {
-		held, err := cnistate.Attached(cniStateDir)
-		if err != nil {
-			unknown("CNI state "+cniStateDir, err)
-		}
-		for a, who := range held {
-			add(a, who)
-		}
-	}
-	if dra != nil {
-		held, err := dra()
-		if err != nil {
-			unknown("DRA checkpoint", err)
-		}
-		for a, who := range held {
-			add(a, who)
-		}
-	}
-	return out, warns
+	fs.DurationVar(&f.Timeout, "provision-timeout", provision.DefaultTimeout, "how long one PF's new VFs may take to show their netdevs and RDMA devices")
 }
 
 func orDash(s string) string {
@@ -106,61 +42,11 @@ func orDash(s string) string {
 	return s
 }
 
-// provisioner makes and applies plans for one node.
-type provisioner struct {
-	flags        provisionFlags
-	hostRoot     string
-	podResources string
-	dra          func() (map[string]string, error)
-	log          *slog.Logger
-	policies     []provision.Policy
-	// env is where the node's labels are read from (podEnv).
-	env nodeEnv
-	// labelsFrom and labelsErr are the last plan's: where the node's
-	// labels came from; why they were unreadable (the policies with a
-	// nodeSelector then wait for them).
-	labelsFrom string
-	labelsErr  error
-}
-
-// plan scans the node and plans the policies on it.
-func (p *provisioner) plan(ctx context.Context) (*provision.Plan, *nic.Snapshot, error) {
-	snap, err := nic.NewScanner(p.hostRoot).Scan()
-	if err != nil {
-		return nil, nil, fmt.Errorf("provision: scan %s: %w", p.hostRoot, err)
-	}
-	nl, err := p.flags.node.resolve(ctx, p.env)
-	if err != nil {
-		return nil, nil, err
-	}
-	p.labelsFrom, p.labelsErr = nl.source, nl.err
-	if nl.err != nil {
-		p.log.Error("provision: this node's labels could not be read: the policies with a nodeSelector are not applied until they can be", "err", nl.err)
-	} else {
-		p.log.Info("provision: node labels", "from", nl.source, "labels", nl.labels)
-	}
-	node := provision.Node{Root: p.hostRoot, Snapshot: snap, Labels: nl.labels, LabelsErr: nl.err}
-	if routes, err := plugin.DefaultRouteNetdevs(nil); err == nil {
-		node.DefaultRoutes = routes
-	} else {
-		p.log.Warn("provision: the node's default routes are unknown; no PF is left alone as the node's own network", "err", err)
-	}
-	var warns []string
-	node.InUse, warns = inUse(ctx, snap, p.podResources, p.flags.cniStateDir, p.dra)
-	for _, w := range warns {
-		p.log.Warn("provision", "warning", w)
-	}
-	if node.Records, err = provision.LoadRecords(p.flags.stateDir); err != nil {
-		return nil, nil, err
-	}
-	return provision.NewPlan(p.policies, node), snap, nil
-}
-
-// apply carries a plan out on the node's kernel.
-func (p *provisioner) apply(ctx context.Context, plan *provision.Plan) (provision.Result, error) {
-	k := provision.NewSysfsKernel(p.hostRoot, sriov.NewNetlinkPFLink(&netlink.Handle{}))
-	a := &provision.Applier{Kernel: k, Root: p.hostRoot, StateDir: p.flags.stateDir, Timeout: p.flags.timeout, Log: p.log}
-	return a.Apply(ctx, plan)
+// newProvisioner wires the flags, the node's labels and the DRA
+// checkpoint into the provisioning loop.
+func (f provisionFlags) newProvisioner(hostRoot, podResources string, dra func() (map[string]string, error), log *slog.Logger, env nodeEnv) *provisioner.Provisioner {
+	return &provisioner.Provisioner{Config: f.Config, HostRoot: hostRoot, PodResources: podResources, DRA: dra, Log: log,
+		Labels: func(ctx context.Context) (provisioner.NodeLabels, error) { return f.node.resolve(ctx, env) }}
 }
 
 const provisionUsage = "usage: rdma-device-plugin provision --policy FILE [--dry-run] [--host-root DIR] [-o table|json]\n\n" +
@@ -181,19 +67,20 @@ func runProvision(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		return err
 	}
-	if f.policy == "" {
+	if f.Policy == "" {
 		return errors.New("provision: --policy FILE is required")
 	}
 	if *output != "table" && *output != "json" {
 		return fmt.Errorf("provision: -o %q: want table or json", *output)
 	}
-	policies, err := provision.Load(f.policy)
+	policies, err := provision.Load(f.Policy)
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	p := &provisioner{flags: f, hostRoot: *hostRoot, podResources: *podResources, dra: draPrepared(draFlags{}), log: log, policies: policies, env: podEnv()}
-	plan, _, err := p.plan(ctx)
+	p := f.newProvisioner(*hostRoot, *podResources, draPrepared(draFlags{}), log, podEnv())
+	p.Policies = policies
+	plan, _, err := p.Plan(ctx)
 	if err != nil {
 		return err
 	}
@@ -201,19 +88,19 @@ func runProvision(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		r := planReport(plan)
-		r.NodeLabels = p.labelsFrom
+		r.NodeLabels = p.LabelsFrom()
 		if err := enc.Encode(r); err != nil {
 			return err
 		}
 	} else {
 		writePlan(stdout, plan, !*dryRun)
-		fmt.Fprintf(stdout, "node labels: %s\n", p.labelsFrom)
+		fmt.Fprintf(stdout, "node labels: %s\n", p.LabelsFrom())
 	}
 	if *dryRun {
 		return nil
 	}
 	start := time.Now()
-	res, err := p.apply(ctx, plan)
+	res, err := p.Apply(ctx, plan)
 	if *output == "table" {
 		for _, a := range res.Changed {
 			fmt.Fprintf(stdout, "%s: done in %s\n", a, res.PerPF[a].Round(time.Millisecond))

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -60,31 +59,6 @@ func TestProvisionDryRun(t *testing.T) {
 
 	err = run(context.Background(), []string{"provision", "--dry-run"}, &out, &errs)
 	require.ErrorContains(t, err, "--policy FILE is required")
-}
-
-func TestInUseSources(t *testing.T) {
-	snap, err := nic.NewScanner(fixture("dgx-h100")).Scan()
-	require.NoError(t, err)
-	cni := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(cni, "0000:18:00.2.json"), []byte(`{"network":"default/ib-rail0","containerID":"0123456789abcdef"}`), 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(cni, "0000:18:00.2.lock"), nil, 0o600))
-	held, warns := inUse(context.Background(), snap, filepath.Join(t.TempDir(), "none.sock"), cni,
-		func() (map[string]string, error) {
-			return map[string]string{"0000:40:00.1": "DRA claim ns/c", "0000:18:00.2": "DRA claim ns/d"}, nil
-		})
-	// A VF two sources hold names both holders.
-	require.Equal(t, map[string]string{
-		"0000:18:00.2": "CNI attachment of container 0123456789ab (network default/ib-rail0); DRA claim ns/d",
-		"0000:40:00.1": "DRA claim ns/c",
-	}, held)
-	require.Len(t, warns, 1)
-	require.Contains(t, warns[0], "no kubelet PodResources socket")
-
-	// A source that cannot be read holds every VF.
-	held, warns = inUse(context.Background(), snap, "", "", func() (map[string]string, error) { return nil, errors.New("torn") })
-	require.Len(t, held, 32)
-	require.Contains(t, held["0000:dc:00.4"], "DRA checkpoint unreadable")
-	require.Contains(t, warns[0], "every VF counts as in use")
 }
 
 // provisionedHost is the DGX node after the seed's policy ran on it: 8

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/plugin"
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/provisioner"
 	"github.com/fastpath-k8s/fastpath/internal/version"
 	"github.com/fastpath-k8s/fastpath/pkg/nic"
 	"github.com/fastpath-k8s/fastpath/pkg/pool"
@@ -93,7 +94,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, error) {
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	registerDRAFlags(fs, &f.dra)
 	registerProvisionFlags(fs, &f.provision)
-	fs.DurationVar(&f.provision.retry, "provision-retry", defaultProvisionRetry, "with --policy: how often a PF that could not be changed (VFs in use, a failed write) is tried again")
+	fs.DurationVar(&f.provision.Retry, "provision-retry", provisioner.DefaultRetry, "with --policy: how often a PF that could not be changed (VFs in use, a failed write) is tried again")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		if errors.Is(err, errStrayArgument) {
 			return nil, fmt.Errorf("%w (subcommands: discover, doctor, provision)", err)
@@ -135,8 +136,8 @@ func serve(ctx context.Context, f serveFlags, log *slog.Logger) error {
 	// the first scan, so that the pools have them when registered.
 	var policyPools []pool.Resource
 	var provisioned *nic.Snapshot
-	if f.provision.policy != "" {
-		if policyPools, provisioned, err = provisionAtStart(ctx, newProvisioner(f, log), f.resourcePrefix, metrics); err != nil {
+	if f.provision.Policy != "" {
+		if policyPools, provisioned, err = f.provision.newProvisioner(f.hostRoot, f.podResources, draPrepared(f.dra), log, podEnv()).Start(ctx, f.resourcePrefix, metrics); err != nil {
 			return err
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/fastpath-k8s/fastpath/cmd/rdma-device-plugin/internal/provisioner"
 	fx "github.com/fastpath-k8s/fastpath/internal/testsupport/fixture"
 	"github.com/fastpath-k8s/fastpath/internal/testsupport/kubeletstub"
 	"github.com/fastpath-k8s/fastpath/internal/testsupport/testbin"
@@ -592,7 +593,7 @@ func TestServeFlags(t *testing.T) {
 	want := func(mod func(f *serveFlags)) serveFlags {
 		f := serveFlags{config: defaultConfig, resourcePrefix: "mellanox.com", hostRoot: "/", nodeRoot: "/", podResources: "/var/lib/kubelet/pod-resources/kubelet.sock", kubeletDir: defaultKubeletDir, devInfoDir: defaultDevInfoDir,
 			metricsAddr: defaultMetrics, logLevel: "info", dra: defaultDRAFlags(),
-			provision: provisionFlags{stateDir: provision.DefaultStateDir, cniStateDir: defaultCNIStateDir, timeout: provision.DefaultTimeout, retry: defaultProvisionRetry,
+			provision: provisionFlags{Config: provisioner.Config{StateDir: provision.DefaultStateDir, CNIStateDir: defaultCNIStateDir, Timeout: provision.DefaultTimeout, Retry: provisioner.DefaultRetry},
 				node: nodeFlags{labels: os.Getenv("FASTPATH_NODE_LABELS"), name: os.Getenv("NODE_NAME")}}}
 		if mod != nil {
 			mod(&f)
@@ -611,14 +612,14 @@ func TestServeFlags(t *testing.T) {
 		{"roots", []string{"--host-root=/host", "--node-root=/"}, want(func(f *serveFlags) { f.hostRoot = "/host" })},
 		{"resource-prefix", []string{"--resource-prefix=nvidia.com"}, want(func(f *serveFlags) { f.resourcePrefix = "nvidia.com" })},
 		{"policy", []string{"--policy=/etc/fastpath/policy.yaml", "--node-labels=a=b"}, want(func(f *serveFlags) {
-			f.provision.policy, f.provision.node.labels = "/etc/fastpath/policy.yaml", "a=b"
+			f.provision.Policy, f.provision.node.labels = "/etc/fastpath/policy.yaml", "a=b"
 		})},
 		// One --node-name, in both builds: the policies' node, and DRA's.
 		{"node-name", []string{"--node-name=gpu-17"}, want(func(f *serveFlags) {
 			f.provision.node.name, f.dra = "gpu-17", f.dra.withNode("gpu-17")
 		})},
 		{"provision-retry", []string{"--policy=p.yaml", "--provision-retry=2s"}, want(func(f *serveFlags) {
-			f.provision.policy, f.provision.retry = "p.yaml", 2*time.Second
+			f.provision.Policy, f.provision.Retry = "p.yaml", 2*time.Second
 		})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
