@@ -14,7 +14,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
 )
@@ -97,45 +96,14 @@ func (l *attachLock) Unlock() {
 // A state dir that is read-only gives an error that wraps unix.EROFS.
 func (s *Store) lockAttachment(network string, args *skel.CmdArgs, timeout time.Duration, busy func()) (*attachLock, error) {
 	path := s.attachLockPath(network, args.ContainerID, args.IfName)
-	deadline := time.Now().Add(timeout)
-	waited := false
-	for {
-		f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
-		if errors.Is(err, unix.ELOOP) && time.Now().Before(deadline) {
-			s.log.Warn("attachment lock file was a symlink; removed it", "path", path)
-			if err := os.Remove(path); err != nil {
-				return nil, fmt.Errorf("attachment lock %s: a symlink that cannot be removed: %w", path, err)
-			}
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("attachment lock %s: %w", path, err)
-		}
-		for {
-			err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-			if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
-				break
-			}
-			if !waited {
-				waited = true
-				if busy != nil {
-					busy()
-				}
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		if err != nil {
-			f.Close()
-			if errors.Is(err, unix.EWOULDBLOCK) {
-				return nil, fmt.Errorf("attachment lock %s: %w", path, errAttachBusy)
-			}
-			return nil, fmt.Errorf("attachment lock %s: %w", path, err)
-		}
-		if same(f, path) {
-			return &attachLock{f: f}, nil
-		}
-		f.Close()
+	f, err := s.flock("attachment lock", path, timeout, busy)
+	if errors.Is(err, errLockHeld) {
+		return nil, fmt.Errorf("attachment lock %s: %w", path, errAttachBusy)
 	}
+	if err != nil {
+		return nil, err
+	}
+	return &attachLock{f: f}, nil
 }
 
 // errAttachBusy is an attachment lock still held when the wait ends.

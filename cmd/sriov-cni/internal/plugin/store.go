@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -226,37 +225,65 @@ func (l *Lock) File() *os.File { return l.f }
 // turned read-only still locks once the file exists.
 func (s *Store) Lock(vf string, timeout time.Duration) (*Lock, error) {
 	path := s.lockPath(vf)
+	f, err := s.flock("lock", path, timeout, nil)
+	if errors.Is(err, errLockHeld) {
+		return nil, fmt.Errorf("lock %s: still held by another CNI call after %v", path, timeout)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Lock{f: f, path: path}, nil
+}
+
+// errLockHeld is a lock flock found still held when its wait ended.
+var errLockHeld = errors.New("still held")
+
+// flock takes an exclusive flock on the file at path, the state dir's
+// lock files (what names them in logs and errors: "lock", "attachment
+// lock"), waiting up to timeout; busy, when set, is called once when it
+// has to wait. The file is created 0600, opened read-only (a state dir
+// that turned read-only still locks once the file exists), close-on-exec,
+// and never followed through a symlink: one found is removed, as nothing
+// but this plugin writes here. An unlock removes its file, so the lock is
+// taken only when path still names the file locked, else tried anew. A
+// lock still held at the deadline is errLockHeld.
+func (s *Store) flock(what, path string, timeout time.Duration, busy func()) (*os.File, error) {
 	deadline := time.Now().Add(timeout)
+	waited := false
 	for {
 		f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 		if errors.Is(err, unix.ELOOP) && time.Now().Before(deadline) {
-			s.log.Warn("lock file was a symlink; removed it", "path", path)
+			s.log.Warn(what+" file was a symlink; removed it", "path", path)
 			if err := os.Remove(path); err != nil {
-				return nil, fmt.Errorf("lock %s: a symlink that cannot be removed: %w", path, err)
+				return nil, fmt.Errorf("%s %s: a symlink that cannot be removed: %w", what, path, err)
 			}
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("lock %s: %w", path, err)
+			return nil, fmt.Errorf("%s %s: %w", what, path, err)
 		}
 		for {
-			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-			if err == nil || !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+			if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
 				break
+			}
+			if !waited {
+				waited = true
+				if busy != nil {
+					busy()
+				}
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 		if err != nil {
 			f.Close()
-			if errors.Is(err, syscall.EWOULDBLOCK) {
-				return nil, fmt.Errorf("lock %s: still held by another CNI call after %v", path, timeout)
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, errLockHeld
 			}
-			return nil, fmt.Errorf("lock %s: %w", path, err)
+			return nil, fmt.Errorf("%s %s: %w", what, path, err)
 		}
-		// Unlock removes the file: the lock is ours only if the path
-		// still names the file we locked.
 		if same(f, path) {
-			return &Lock{f: f, path: path}, nil
+			return f, nil
 		}
 		f.Close()
 	}
