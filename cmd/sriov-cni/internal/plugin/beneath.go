@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
 	"github.com/fastpath-k8s/fastpath/pkg/devinfo"
 )
 
@@ -158,27 +157,7 @@ func writeDeviceInfo(dir, path string, info devinfo.Info) error {
 		return fmt.Errorf("device-info file %s: %w", path, err)
 	}
 	defer d.Close()
-	base := filepath.Base(rel)
-	tmp := "." + base + ".tmp-" + strconv.FormatUint(rand.Uint64(), 36)
-	fd, err := unix.Openat(int(d.Fd()), tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return fmt.Errorf("device-info file %s: %w", path, err)
-	}
-	f := os.NewFile(uintptr(fd), tmp)
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o444)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		// rename replaces whatever path is, a symlink too, and follows
-		// nothing.
-		err = unix.Renameat(int(d.Fd()), tmp, int(d.Fd()), base)
-	}
-	if err != nil {
-		_ = unix.Unlinkat(int(d.Fd()), tmp, 0)
+	if err := atomicfile.WriteAt(d, filepath.Base(rel), data, 0o444); err != nil {
 		return fmt.Errorf("device-info file %s: %w", path, err)
 	}
 	return nil
