@@ -62,6 +62,65 @@ type Record struct {
 // DefaultStateDir is where the records go on a node.
 const DefaultStateDir = "/var/lib/fastpath/provision"
 
+// Found is what a PF had when provisioning first changed it, kept in the
+// state directory's found/ as <pci>.json so that an uninstall
+// (`rdma-device-plugin uninstall`) can return the PF to it. It is written
+// before the first write to the PF and never overwritten: a later start,
+// which finds fastpath's own VFs there, keeps the first one's. Only PFs
+// whose steps ran have one (an externally managed PF has none).
+type Found struct {
+	PF     string `json:"pf"`
+	Netdev string `json:"netdev,omitempty"`
+	// NumVFs is the PF's sriov_numvfs, Autoprobe its
+	// sriov_drivers_autoprobe, as found.
+	NumVFs    int       `json:"numVfs"`
+	Autoprobe bool      `json:"autoprobe"`
+	Policy    string    `json:"policy"` // the policy that first changed it
+	Recorded  time.Time `json:"recorded"`
+}
+
+// FoundDir is where the Found records are kept under a state directory.
+func FoundDir(stateDir string) string { return filepath.Join(stateDir, "found") }
+
+// LoadFound reads the Found records under stateDir, by PF; a missing
+// directory has none. A record that does not decode is an error: its PF's
+// count would be a guess.
+func LoadFound(stateDir string) (map[string]Found, error) {
+	dir := FoundDir(stateDir)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provision state %s: %w", dir, err)
+	}
+	out := map[string]Found{}
+	for _, e := range ents {
+		addr, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !pci.ValidAddress(addr) || !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("provision state %s: %w", e.Name(), err)
+		}
+		var f Found
+		if err := json.Unmarshal(b, &f); err != nil || f.PF != addr {
+			return nil, fmt.Errorf("provision state %s: not a record of what PF %s had (%v): read it, set the PF's sriov_numvfs yourself, and remove the file", filepath.Join(dir, e.Name()), addr, err)
+		}
+		out[addr] = f
+	}
+	return out, nil
+}
+
+// RemoveFound removes the Found record of pf, once the PF is back to it.
+func RemoveFound(stateDir, pf string) error {
+	if err := os.Remove(filepath.Join(FoundDir(stateDir), pf+".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("pci %s: remove the record of what it had: %w", pf, err)
+	}
+	return nil
+}
+
 // LoadRecords reads the records in dir; a missing dir has none.
 func LoadRecords(dir string) (map[string]Record, error) {
 	ents, err := os.ReadDir(dir)
@@ -196,7 +255,34 @@ func (a *Applier) removeRecord(pf string) error {
 	return nil
 }
 
+// keepFound writes the Found record of pf unless it has one.
+func (a *Applier) keepFound(pf *PF) error {
+	if a.StateDir == "" {
+		return nil
+	}
+	path := filepath.Join(FoundDir(a.StateDir), pf.Address+".json")
+	if _, err := os.Lstat(path); err == nil {
+		return nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("pci %s: the record of what it had: %w", pf.Address, err)
+	}
+	if err := os.MkdirAll(FoundDir(a.StateDir), 0o700); err != nil {
+		return fmt.Errorf("provision state %s: %w", a.StateDir, err)
+	}
+	b, err := json.Marshal(Found{PF: pf.Address, Netdev: pf.Netdev, NumVFs: pf.NumVFs, Autoprobe: pf.Autoprobe, Policy: pf.Policy, Recorded: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(path, b, 0o600); err != nil {
+		return fmt.Errorf("pci %s: write the record of what it had: %w", pf.Address, err)
+	}
+	return nil
+}
+
 func (a *Applier) applyPF(ctx context.Context, pf *PF) error {
+	if err := a.keepFound(pf); err != nil {
+		return err
+	}
 	rec := &Record{PF: pf.Address, Policy: pf.Policy, From: pf.NumVFs, Want: pf.Want, Started: time.Now().UTC(), Autoprobe: &pf.Autoprobe}
 	for _, s := range pf.Steps {
 		rec.Steps = append(rec.Steps, s.String())

@@ -111,9 +111,16 @@ func TestApplyCreatesVFsAndIsIdempotent(t *testing.T) {
 	autoprobe, err := os.ReadFile(filepath.Join(root, "sys/bus/pci/devices/0000:10:00.0/sriov_drivers_autoprobe"))
 	require.NoError(t, err)
 	require.Equal(t, "1\n", string(autoprobe), "autoprobe is put back")
-	ents, err := os.ReadDir(state)
+	recs, err := provision.LoadRecords(state)
 	require.NoError(t, err)
-	require.Empty(t, ents, "no record is left after a run that finished")
+	require.Empty(t, recs, "no write-ahead record is left after a run that finished")
+	// What each PF had is kept for an uninstall: no VFs, autoprobe on.
+	found, err := provision.LoadFound(state)
+	require.NoError(t, err)
+	require.Len(t, found, 2)
+	require.Equal(t, 0, found["0000:10:00.0"].NumVFs)
+	require.True(t, found["0000:10:00.0"].Autoprobe)
+	require.Equal(t, "rails", found["0000:10:00.0"].Policy)
 
 	// The pools the policy feeds see the VFs.
 	cfg := provision.Merge(nil, provision.Resources(plan, pool.DefaultExclusivePrefix))
@@ -176,6 +183,38 @@ func TestResizeGoesThroughZeroAndRefusesWhenBusy(t *testing.T) {
 	require.NoError(t, err)
 	d, _ := snap.Device("0000:10:00.0")
 	require.Equal(t, 6, d.NumVFs)
+}
+
+// The count a PF had before provisioning first changed it is kept once: a
+// later change (a policy grown from 4 to 6) leaves the record of the
+// first run's 0, which an uninstall returns the PF to.
+func TestFoundIsKeptOnce(t *testing.T) {
+	root := emptyHost(t, 1, 8)
+	k := provisiontest.New(root)
+	state := t.TempDir()
+	_, err := applier(root, k, state).Apply(context.Background(), provision.NewPlan(policies(t, twoRails), node(t, root)))
+	require.NoError(t, err)
+	k.Wait()
+	grow := policies(t, strings.Replace(twoRails, "numVfs: 4", "numVfs: 6", 1))
+	plan := provision.NewPlan(grow, node(t, root))
+	require.Equal(t, 4, plan.PFs[0].NumVFs)
+	_, err = applier(root, k, state).Apply(context.Background(), plan)
+	require.NoError(t, err)
+	found, err := provision.LoadFound(state)
+	require.NoError(t, err)
+	require.Len(t, found, 1)
+	require.Equal(t, 0, found["0000:10:00.0"].NumVFs, "the count before the first run")
+
+	require.NoError(t, provision.RemoveFound(state, "0000:10:00.0"))
+	require.NoError(t, provision.RemoveFound(state, "0000:10:00.0"), "a record already gone is no error")
+	found, err = provision.LoadFound(state)
+	require.NoError(t, err)
+	require.Empty(t, found)
+
+	// A record that does not decode is an error that names the file.
+	require.NoError(t, os.WriteFile(filepath.Join(provision.FoundDir(state), "0000:10:00.0.json"), []byte("{"), 0o600))
+	_, err = provision.LoadFound(state)
+	require.ErrorContains(t, err, "0000:10:00.0.json")
 }
 
 func TestRefusals(t *testing.T) {

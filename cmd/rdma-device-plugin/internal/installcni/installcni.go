@@ -240,3 +240,82 @@ func write(dfd int, dir string, data []byte) (err error) {
 	}
 	return nil
 }
+
+// Restored is what Restore did to DIR/sriov.
+type Restored struct {
+	// What is "upstream" (sriov.pre-fastpath put back as sriov),
+	// "removed" (fastpath's sriov removed: no earlier binary was kept),
+	// "left" (the sriov there is not fastpath's: left as it is) or "none"
+	// (no sriov and no backup).
+	What string
+	// Now is the sriov there after Restore; nil when there is none.
+	Now *Previous
+}
+
+// Restore undoes Install in dir: the sriov that Install kept as
+// sriov.pre-fastpath is renamed back over fastpath's (one rename, so a
+// pod set up meanwhile runs one or the other); with none kept, fastpath's
+// sriov is removed, and the log says that no CNI binary of that name is
+// left. A sriov that is not fastpath's (replaced since the install) is
+// left, and so is its backup. It logs what it did.
+func Restore(ctx context.Context, dir string, log *slog.Logger) (Restored, error) {
+	var res Restored
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return res, fmt.Errorf("restore %s: open the directory (not a link: the node's CNI bin_dir): %w", dir, err)
+	}
+	defer unix.Close(dfd)
+	dst, backup := filepath.Join(dir, Name), filepath.Join(dir, BackupName)
+	if err := unix.Unlinkat(dfd, tempName, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return res, fmt.Errorf("restore %s: remove the stale %s: %w", dir, tempName, err)
+	}
+	cur, err := inspect(ctx, dfd, dir)
+	if err != nil {
+		return res, err
+	}
+	var st unix.Stat_t
+	hasBackup := false
+	switch err := unix.Fstatat(dfd, BackupName, &st, unix.AT_SYMLINK_NOFOLLOW); {
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG:
+		hasBackup = true
+	case err == nil:
+		return res, fmt.Errorf("restore %s: %s is not a regular file (mode %#o): not fastpath's backup; look at it and remove it", dir, backup, st.Mode)
+	case !errors.Is(err, unix.ENOENT):
+		return res, fmt.Errorf("restore %s: stat %s: %w", dir, BackupName, err)
+	}
+	switch {
+	case cur != nil && !cur.Fastpath():
+		res.What, res.Now = "left", cur
+		log.Warn("uninstall: the sriov CNI binary is not fastpath's (replaced since the install): left as it is",
+			"path", dst, "sha256", cur.SHA256, "module", cur.Module, "cniVersion", cur.CNIVersion, "backupKept", hasBackup)
+		return res, nil
+	case hasBackup:
+		if err := unix.Renameat(dfd, BackupName, dfd, Name); err != nil {
+			return res, fmt.Errorf("restore %s: rename %s to %s: %w", dir, BackupName, Name, err)
+		}
+		if err := unix.Fsync(dfd); err != nil {
+			return res, fmt.Errorf("restore %s: sync the directory: %w", dir, err)
+		}
+		now, err := inspect(ctx, dfd, dir)
+		if err != nil {
+			return res, err
+		}
+		res.What, res.Now = "upstream", now
+		log.Info("uninstall: the sriov CNI binary fastpath replaced is back", "path", dst, "from", backup,
+			"sha256", now.SHA256, "cniVersion", now.CNIVersion)
+	case cur != nil:
+		if err := unix.Unlinkat(dfd, Name, 0); err != nil {
+			return res, fmt.Errorf("restore %s: remove fastpath's %s: %w", dir, Name, err)
+		}
+		if err := unix.Fsync(dfd); err != nil {
+			return res, fmt.Errorf("restore %s: sync the directory: %w", dir, err)
+		}
+		res.What = "removed"
+		log.Warn("uninstall: fastpath's sriov CNI binary removed; there was no sriov before it, so none is left: install upstream sriov-cni if a NetworkAttachmentDefinition still names type sriov",
+			"path", dst, "sha256", cur.SHA256)
+	default:
+		res.What = "none"
+		log.Info("uninstall: no sriov CNI binary and no backup of one", "dir", dir)
+	}
+	return res, nil
+}

@@ -214,3 +214,66 @@ func listing(t *testing.T, dir string) []string {
 	}
 	return out
 }
+
+// Restore undoes Install: the upstream binary it kept comes back byte for
+// byte, fastpath's alone is removed, and a sriov someone put there since
+// is left.
+func TestRestore(t *testing.T) {
+	self, err := os.Executable()
+	require.NoError(t, err)
+	fastpath, err := os.ReadFile(self)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name   string
+		before func(t *testing.T, dir string) // the bin_dir before the install
+		after  func(t *testing.T, dir string) // after the install, before Restore
+		what   string
+		sriov  []byte // afterwards; nil: none
+		files  []string
+	}{
+		{name: "upstream kept: put back", before: func(t *testing.T, dir string) { writeFile(t, dir, "sriov", upstream) },
+			what: "upstream", sriov: upstream, files: []string{"sriov:----------"}},
+		{name: "none before: fastpath's removed", what: "removed"},
+		{name: "replaced since the install: left, with the backup",
+			before: func(t *testing.T, dir string) { writeFile(t, dir, "sriov", upstream) },
+			after:  func(t *testing.T, dir string) { writeFile(t, dir, "sriov", []byte("#!/bin/sh\nexit 1\n")) },
+			what:   "left", sriov: []byte("#!/bin/sh\nexit 1\n"), files: []string{"sriov:----------", "sriov.pre-fastpath:----------"}},
+		{name: "uninstalled twice: nothing", after: func(t *testing.T, dir string) { require.NoError(t, os.Remove(filepath.Join(dir, "sriov"))) },
+			what: "none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.before != nil {
+				tc.before(t, dir)
+			}
+			_, err := installcni.Install(context.Background(), self, dir, slog.New(slog.DiscardHandler))
+			require.NoError(t, err)
+			got, err := os.ReadFile(filepath.Join(dir, "sriov"))
+			require.NoError(t, err)
+			require.Equal(t, sum(fastpath), sum(got), "fastpath's is installed")
+			if tc.after != nil {
+				tc.after(t, dir)
+			}
+			var logs bytes.Buffer
+			res, err := installcni.Restore(context.Background(), dir, slog.New(slog.NewTextHandler(&logs, nil)))
+			require.NoError(t, err)
+			require.Equal(t, tc.what, res.What)
+			require.Equal(t, tc.files, listing(t, dir))
+			if tc.sriov != nil {
+				got, err := os.ReadFile(filepath.Join(dir, "sriov"))
+				require.NoError(t, err)
+				require.Equal(t, tc.sriov, got)
+				require.Equal(t, sum(tc.sriov), res.Now.SHA256)
+			}
+			require.Contains(t, logs.String(), "uninstall: ")
+		})
+	}
+}
+
+// A backup that is not a regular file is not fastpath's: Restore refuses.
+func TestRestoreRefusesOddBackup(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.Symlink("/bin/true", filepath.Join(dir, "sriov.pre-fastpath")))
+	_, err := installcni.Restore(context.Background(), dir, slog.New(slog.DiscardHandler))
+	require.ErrorContains(t, err, "not a regular file")
+}

@@ -68,6 +68,9 @@ type Provisioner struct {
 	Labels   func(context.Context) (NodeLabels, error)
 	Log      *slog.Logger
 	Policies []provision.Policy
+	// Kernel makes the writes; nil: the node's sysfs under HostRoot
+	// (provision.NewSysfsKernel).
+	Kernel provision.Kernel
 	// labelsFrom and labelsErr are the last plan's: where the node's
 	// labels came from; why they were unreadable (the policies with a
 	// nodeSelector then wait for them).
@@ -100,20 +103,29 @@ func (p *Provisioner) Plan(ctx context.Context) (*provision.Plan, *nic.Snapshot,
 	} else {
 		p.Log.Warn("provision: the node's default routes are unknown; no PF is left alone as the node's own network", "err", err)
 	}
-	var warns []string
-	node.InUse, warns = inUse(ctx, snap, p.PodResources, p.CNIStateDir, p.DRA)
-	for _, w := range warns {
-		p.Log.Warn("provision", "warning", w)
-	}
+	node.InUse = p.InUse(ctx, snap)
 	if node.Records, err = provision.LoadRecords(p.StateDir); err != nil {
 		return nil, nil, err
 	}
 	return provision.NewPlan(p.Policies, node), snap, nil
 }
 
+// InUse names who holds each VF of snap (PodResources, the CNI's state,
+// the DRA checkpoint), logging what it could not ask.
+func (p *Provisioner) InUse(ctx context.Context, snap *nic.Snapshot) map[string]string {
+	held, warns := inUse(ctx, snap, p.PodResources, p.CNIStateDir, p.DRA)
+	for _, w := range warns {
+		p.Log.Warn("provision", "warning", w)
+	}
+	return held
+}
+
 // Apply carries a plan out on the node's kernel.
 func (p *Provisioner) Apply(ctx context.Context, plan *provision.Plan) (provision.Result, error) {
-	k := provision.NewSysfsKernel(p.HostRoot, sriov.NewNetlinkPFLink(&netlink.Handle{}))
+	k := p.Kernel
+	if k == nil {
+		k = provision.NewSysfsKernel(p.HostRoot, sriov.NewNetlinkPFLink(&netlink.Handle{}))
+	}
 	a := &provision.Applier{Kernel: k, Root: p.HostRoot, StateDir: p.StateDir, Timeout: p.Timeout, Log: p.Log}
 	return a.Apply(ctx, plan)
 }
