@@ -67,7 +67,7 @@ func TestKustomizationsDecode(t *testing.T) {
 		}
 		return err
 	}))
-	require.ElementsMatch(t, []string{".", "components/cdi", "nfd", "components/dra", "components/provision"}, dirs)
+	require.ElementsMatch(t, []string{".", "components/cdi", "nfd", "components/dra", "components/provision", "uninstall"}, dirs)
 	for _, d := range dirs {
 		if kustomization(t, d).Kind == kustypes.KustomizationKind {
 			render(t, d)
@@ -116,7 +116,15 @@ func TestKustomizeBase(t *testing.T) {
 	require.Equal(t, m.namespaces, got.namespaces)
 	require.Equal(t, m.serviceAccounts, got.serviceAccounts)
 	require.Equal(t, m.configMaps, got.configMaps)
-	require.Equal(t, m.nads, got.nads)
+	// The NetworkAttachmentDefinition's file names no namespace (so that
+	// kubectl apply -n TEAM -f takes it anywhere); apply -k states one.
+	require.Len(t, got.nads, len(m.nads))
+	for i, nad := range got.nads {
+		require.Empty(t, m.nads[i].Namespace, "%s: the file names no namespace", nad.Name)
+		require.Equal(t, "default", nad.Namespace, "%s: apply -k does not leave it to kubectl's current namespace", nad.Name)
+		nad.Namespace = ""
+		require.Equal(t, m.nads[i], nad)
+	}
 	require.Empty(t, got.pods, "the examples are not part of the install")
 	require.Empty(t, got.nodeFeatureRules, "the NodeFeatureRule needs NFD's CRD: it is applied on its own (nfd/)")
 }
