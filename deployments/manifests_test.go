@@ -110,7 +110,8 @@ type manifests struct {
 // subdirectories (examples/, nfd/), but not the kustomizations
 // (kustomize_test.go renders those) nor components/dra (patches and DRA
 // examples: dra_test.go checks them) nor components/provision (patches:
-// provision_test.go renders them).
+// provision_test.go renders them) nor uninstall/ (uninstall_test.go
+// renders it).
 func yamlFiles(t *testing.T) []string {
 	t.Helper()
 	var files []string
@@ -118,7 +119,7 @@ func yamlFiles(t *testing.T) []string {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && (p == "components/dra" || p == "components/provision") {
+		if d.IsDir() && (p == "components/dra" || p == "components/provision" || p == "uninstall") {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) && d.Name() != kustomizationFile {

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 
 	"k8s.io/client-go/kubernetes"
@@ -145,4 +146,10 @@ func draPrepared(f draFlags) func() (map[string]string, error) {
 		dir = dra.DefaultPluginDir
 	}
 	return func() (map[string]string, error) { return dra.PreparedVFs(dir) }
+}
+
+// draPreparedUnder is draPrepared for the DRA plugin's default directory
+// on the node under root (the uninstall's view of the node).
+func draPreparedUnder(root string) func() (map[string]string, error) {
+	return draPrepared(draFlags{pluginDir: filepath.Join(root, dra.DefaultPluginDir)})
 }

@@ -41,3 +41,7 @@ func startDRA(ctx context.Context, _ draFlags, _, _, _ string, first plugin.Scan
 
 // draPrepared is nil: this build prepares no DRA claims.
 func draPrepared(draFlags) func() (map[string]string, error) { return nil }
+
+// draPreparedUnder is nil: this build prepares no DRA claims (the DRA
+// build, rdma-device-plugin-dra, reads the node's checkpoint).
+func draPreparedUnder(string) func() (map[string]string, error) { return nil }

@@ -51,7 +51,7 @@ func TestParseFlags(t *testing.T) {
 func TestHelpListsEverySubcommand(t *testing.T) {
 	var out, errs bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"--help"}, &out, &errs))
-	require.Len(t, subcommands, 5) // serve, discover, doctor, provision, install-cni: run's cases
+	require.Len(t, subcommands, 6) // serve, discover, doctor, provision, install-cni, uninstall: run's cases
 	for _, c := range subcommands {
 		require.Regexp(t, `(?m)^  `+c.name+`\s+\S`, errs.String(), "--help lists %s", c.name)
 		var sub bytes.Buffer

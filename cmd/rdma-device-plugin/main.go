@@ -6,6 +6,7 @@
 //	rdma-device-plugin doctor [flags]       say why NCCL would not use RDMA here
 //	rdma-device-plugin provision [flags]    create the VFs SriovNetworkNodePolicies ask for
 //	rdma-device-plugin install-cni [flags]  install the sriov CNI binary (the init container)
+//	rdma-device-plugin uninstall [flags]    put the node back as before fastpath
 package main
 
 import (
@@ -47,6 +48,7 @@ var subcommands = []struct{ name, summary string }{
 	{"doctor", "say why NCCL would not use RDMA here, and the fix"},
 	{"provision", "create the VFs SriovNetworkNodePolicies ask for"},
 	{"install-cni", "install the sriov CNI binary into the node's CNI bin_dir (the init container)"},
+	{"uninstall", "put the node back as before fastpath: VFs, the sriov CNI binary, files (deployments/uninstall)"},
 }
 
 // run dispatches to a subcommand; no subcommand means serve.
@@ -61,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return runProvision(ctx, args[1:], stdout, stderr)
 		case "install-cni":
 			return runInstallCNI(ctx, args[1:], stdout, stderr)
+		case "uninstall":
+			return runUninstall(ctx, args[1:], stdout, stderr)
 		case "serve":
 			return runServe(ctx, args[1:], stdout, stderr)
 		}

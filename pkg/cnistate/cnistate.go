@@ -251,3 +251,47 @@ func orDash(s string) string {
 	}
 	return s
 }
+
+// Leftover reports whether name, a file in the state dir, is one the
+// fastpath CNI writes beside the state files: a VF's lock (<pci>.lock),
+// its pinned netns (<pci>.netns), a state set aside (<pci>.json.bad), an
+// attachment's lock (attach-<key>.lock) and tombstone
+// (deleted-<key>.json), a pending address release (ipam-<key>.pending),
+// and the temporaries of its atomic writes (.<name>.tmp-*, a state file's
+// included). An uninstall
+// removes them once no VF is attached. Upstream sriov-cni's cache files in
+// the same directory (<containerID>-<ifName>) are none of these.
+func Leftover(name string) bool {
+	if base, _, ok := strings.Cut(name, ".tmp-"); ok && strings.HasPrefix(base, ".") {
+		if _, state := VFOf(base[1:]); state {
+			return true
+		}
+		name = base[1:]
+	}
+	for _, suffix := range []string{".lock", ".netns", ".json.bad"} {
+		if vf, ok := strings.CutSuffix(name, suffix); ok && pci.ValidAddress(vf) {
+			return true
+		}
+	}
+	for _, f := range [][2]string{{"attach-", ".lock"}, {"deleted-", ".json"}, {"ipam-", ".pending"}} {
+		if key, ok := strings.CutPrefix(name, f[0]); ok {
+			if key, ok = strings.CutSuffix(key, f[1]); ok && isKey(key) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// isKey: an attachment's key, 24 lower-case hex digits.
+func isKey(s string) bool {
+	if len(s) != 24 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}

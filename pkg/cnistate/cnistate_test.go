@@ -70,3 +70,25 @@ func TestDecodeUpgradesVersion1(t *testing.T) {
 		require.Error(t, err, name)
 	}
 }
+
+func TestLeftover(t *testing.T) {
+	key := "0123456789abcdef01234567"
+	for name, want := range map[string]bool{
+		"0000:18:00.1.lock":               true,
+		"0000:18:00.1.netns":              true,
+		"0000:18:00.1.json.bad":           true,
+		"attach-" + key + ".lock":         true,
+		"deleted-" + key + ".json":        true,
+		"ipam-" + key + ".pending":        true,
+		".0000:18:00.1.json.tmp-123":      true,
+		".deleted-" + key + ".json.tmp-9": true,
+		"0000:18:00.1.json":               false, // an attachment: not a leftover
+		"3f2a9c-net1":                     false, // upstream sriov-cni's cache
+		"deleted-abc.json":                false,
+		"ipam-" + key + ".pending.old":    false,
+		"eth0.lock":                       false,
+		".3f2a9c-net1.tmp-1":              false,
+	} {
+		require.Equal(t, want, cnistate.Leftover(name), name)
+	}
+}

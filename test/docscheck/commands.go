@@ -9,8 +9,8 @@ import (
 // Commands are the binaries whose flags the docs are checked against, and
 // each one's subcommands (a subcommand has --help output of its own).
 var Commands = map[string][]string{
-	"rdma-device-plugin":     {"discover", "doctor", "install-cni", "provision", "serve"},
-	"rdma-device-plugin-dra": {"discover", "doctor", "install-cni", "provision", "serve"},
+	"rdma-device-plugin":     {"discover", "doctor", "install-cni", "provision", "serve", "uninstall"},
+	"rdma-device-plugin-dra": {"discover", "doctor", "install-cni", "provision", "serve", "uninstall"},
 	"sriov":                  nil,
 }
 

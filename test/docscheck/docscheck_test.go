@@ -149,6 +149,7 @@ var helpPages = map[string]string{
 	"rdma-device-plugin doctor":      "docs/troubleshooting.md",
 	"rdma-device-plugin provision":   "docs/vfs.md",
 	"rdma-device-plugin install-cni": "docs/install.md",
+	"rdma-device-plugin uninstall":   "docs/install.md",
 	"rdma-device-plugin-dra":         "docs/dra.md",
 }
 

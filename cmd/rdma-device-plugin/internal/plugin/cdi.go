@@ -102,6 +102,20 @@ func (c *cdiSpecs) write(p *pool.Pool, rdmaCM, root string) (bool, error) {
 	return true, nil
 }
 
+// CDISpecFiles lists the device plugin's CDI specs in dir (fastpath-*.json,
+// one per pool, which a stopped plugin leaves for restarting containers)
+// and its staging directory, when there: what an uninstall removes.
+func CDISpecFiles(dir string) ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(dir, cdiFilePrefix+"*.json"))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(filepath.Join(dir, cdiStaging)); err == nil {
+		files = append(files, filepath.Join(dir, cdiStaging))
+	}
+	return files, nil
+}
+
 // removeLeftovers deletes what an earlier run that was killed left: the
 // plugin's specs (fastpath-*.json) of pools it no longer serves and
 // whatever is in the staging directory (a write cut short).

@@ -105,6 +105,23 @@ func (s *devInfoStore) removeAll() error {
 // never has one.
 const pciGlob = "[0-9a-f][0-9a-f][0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f].[0-7]"
 
+// DevInfoFiles lists the device-info files of pool prefix/name in dir, and
+// the temporary files of writes that were cut short (atomicfile's
+// .<file>.tmp-*): what the plugin of that pool may have left there.
+func DevInfoFiles(dir, prefix, name string) ([]string, error) {
+	// Prefixes and names are [A-Za-z0-9._-]: nothing a pattern would read.
+	pattern := DevInfoPath(dir, prefix, name, pciGlob)
+	files, err := filepath.Glob(pattern)
+	if err != nil {
+		return nil, err
+	}
+	tmps, err := atomicfile.Temporaries(pattern)
+	if err != nil {
+		return nil, err
+	}
+	return append(files, tmps...), nil
+}
+
 // removeLeftovers deletes the files of pool prefix/name that an earlier
 // run of the plugin wrote and could not remove (it was killed): its
 // device-info files, which this run writes again on the next Allocate,
@@ -116,20 +133,14 @@ func (s *devInfoStore) removeLeftovers(prefix, name string) error {
 	}
 	s.files.Lock()
 	defer s.files.Unlock()
-	// Prefixes and names are [A-Za-z0-9._-]: nothing a pattern would read.
-	pattern := DevInfoPath(s.dir, prefix, name, pciGlob)
-	files, err := filepath.Glob(pattern)
-	if err != nil {
-		return err
-	}
-	tmps, err := atomicfile.Temporaries(pattern)
+	files, err := DevInfoFiles(s.dir, prefix, name)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
-	for _, f := range append(files, tmps...) {
+	for _, f := range files {
 		if _, mine := s.written[f]; mine {
 			continue
 		}

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -33,4 +34,18 @@ func TestProvisioningSeesStateTheStoreWrites(t *testing.T) {
 	got, err := s.Load("0000:18:00.1")
 	require.NoError(t, err)
 	require.Equal(t, st, got)
+}
+
+// TestUninstallKnowsTheStoreFiles: an uninstall removes the files the
+// Store writes beside its state files (cnistate.Leftover), and nothing of
+// upstream sriov-cni's in the same directory.
+func TestUninstallKnowsTheStoreFiles(t *testing.T) {
+	s := newStore(t)
+	for _, p := range []string{s.lockPath("0000:18:00.1"), s.netnsPath("0000:18:00.1"), s.path("0000:18:00.1") + ".bad",
+		s.attachLockPath("default/net", "c1", "net1"), s.tombstonePath("default/net", "c1", "net1"),
+		s.pendingPath("default/net", "c1", "net1")} {
+		require.True(t, cnistate.Leftover(filepath.Base(p)), p)
+	}
+	require.False(t, cnistate.Leftover(filepath.Base(s.upstreamPath("c1", "net1"))))
+	require.False(t, cnistate.Leftover(filepath.Base(s.path("0000:18:00.1"))), "a state file is an attachment")
 }
