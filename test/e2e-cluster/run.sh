@@ -23,6 +23,7 @@ source "$CLUSTER_DIR/checks.sh"
 source "$CLUSTER_DIR/dra.sh"
 source "$CLUSTER_DIR/dra-restart.sh"
 source "$CLUSTER_DIR/provision.sh"
+source "$CLUSTER_DIR/lifecycle.sh"
 source "$CLUSTER_DIR/nodes.sh"
 source "$CLUSTER_DIR/twonode.sh"
 
@@ -49,7 +50,7 @@ HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /
 # is there; cleanup removes them, and the directory each is in when the run
 # made it, also when the directories above were there before (the
 # HOST_PATHS cleanup leaves those alone).
-HOST_FILES=(/opt/cni/bin/sriov /etc/cni/net.d/whereabouts.d/whereabouts.conf)
+HOST_FILES=(/opt/cni/bin/sriov /opt/cni/bin/sriov.pre-fastpath /etc/cni/net.d/whereabouts.d/whereabouts.conf)
 # CDI_SPECS are the names of the CDI specs the run's drivers write into
 # $CDI_DIR: the DRA driver's and the stand-in GPU driver's claim specs, the
 # device plugin's pool specs (components/cdi). A run stopped before its
@@ -204,10 +205,11 @@ cleanup() {
 		kubectl delete -k "$RUN/deploy" --wait=false >/dev/null 2>&1
 		[[ -d $RUN/deploy-dra ]] && kubectl delete -k "$RUN/deploy-dra" --wait=false >/dev/null 2>&1
 		[[ -d $RUN/deploy-provision ]] && kubectl delete -k "$RUN/deploy-provision" --ignore-not-found --wait=false >/dev/null 2>&1
+		[[ -d $RUN/deploy-lifecycle ]] && kubectl delete -k "$RUN/deploy-lifecycle" --ignore-not-found --wait=false >/dev/null 2>&1
 		wait_for 90 "kubelet stopped the pods" no_pod_tasks
 	fi
 	local p
-	for p in gpu-standin kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
+	for p in gpu-standin kernel-standin kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
 	stop_containers
 	remove_mounts_netns_standins host_mounts
 	local before=$RUN/before name
@@ -235,7 +237,7 @@ cleanup() {
 # check_restored compares the host with the snapshot taken at the start.
 check_restored() {
 	local before=$RUN/before p left=
-	for p in gpu-standin kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
+	for p in gpu-standin kernel-standin kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do
 		[[ -f $RUN/pids/$p ]] && left+=" $p"
 	done
 	check "no process of the run left" test -z "$left"
@@ -290,6 +292,12 @@ main() {
 	start_containerd
 	write_kubelet_config
 	start_kubelet
+	if [[ ${E2E_CLUSTER_PHASES:-all} == lifecycle ]]; then
+		# Development: install, upgrade and uninstall alone (lifecycle.sh).
+		test_lifecycle
+		log "test steps done in $(elapsed "$t0")s"
+		return
+	fi
 	test_deploy
 	test_seed_pod
 	test_examples
@@ -299,6 +307,7 @@ main() {
 	test_delete
 	test_dra
 	test_provision
+	test_lifecycle
 	test_two_nodes
 	log "test steps done in $(elapsed "$t0")s"
 }

@@ -6,8 +6,9 @@
 #   /usr/bin/rdma-device-plugin, /usr/bin/sriov  static, version embedded
 #   /usr/bin/rdma-device-plugin-dra              the build with DRA
 #   /usr/share/misc/pci.ids                      Debian's pci.ids package
-#   /bin/busybox and /bin/{sh,cp,mv,chmod}       Debian's busybox-static: the
-#                                                init container's shell
+#   /bin/busybox and /bin/{sh,cp,mv,chmod,sleep} Debian's busybox-static: the
+#                                                init container's shell; sleep
+#                                                for deployments/uninstall
 #   USER 65532:65532, ENTRYPOINT the device plugin
 #
 # Env: OUT (default bin/fastpath-image.tar), IMAGE (default
@@ -92,5 +93,5 @@ mkdir -p "$(dirname "$OUT")"
 	"/usr/bin/sriov=$stage/sriov" \
 	"/usr/share/misc/pci.ids=$PCI_IDS" \
 	"/bin/busybox=$BUSYBOX" \
-	/bin/sh-\>busybox /bin/cp-\>busybox /bin/mv-\>busybox /bin/chmod-\>busybox
+	/bin/sh-\>busybox /bin/cp-\>busybox /bin/mv-\>busybox /bin/chmod-\>busybox /bin/sleep-\>busybox
 log "$IMAGE ($GOARCH) in $OUT"
