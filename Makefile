@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-kernel bench-cni-kernel image-tar fixtures clean soak fuzz vulncheck
+.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-cluster-scale e2e-kernel bench-cni-kernel image-tar fixtures clean soak fuzz vulncheck
 
 all: lint build test
 
@@ -93,6 +93,12 @@ e2e:
 # Shares .e2e-work with make e2e. See test/e2e-cluster/README.md.
 e2e-cluster:
 	test/e2e-cluster/run.sh
+
+# The scale phase alone (root): eight DGX-like nodes, the seed's job of 64
+# pods with and without VFs timed, 20 churn cycles (E2E_SCALE_CYCLES; make
+# e2e-cluster runs 2), faults during a burst. See test/e2e-cluster/README.md.
+e2e-cluster-scale:
+	E2E_CLUSTER_PHASES=scale E2E_SCALE_CYCLES=$${E2E_SCALE_CYCLES:-20} test/e2e-cluster/run.sh
 
 # fastpath inside a real Linux kernel (root): QEMU (>= 8.0, from
 # bookworm-backports) boots Debian's 6.12 kernel with emulated SR-IOV NICs

@@ -32,7 +32,6 @@
 # reaches a VF in a pod on the other, as two HCAs on one InfiniBand or
 # RoCE fabric do.
 
-NODES=(a b)
 NODE_NET=10.58.0.0/24
 NODE_BRIDGE=fpn-br0
 NODE_HOST=$RUN/node-host # where each node has its fixture host (its own tree, one path)
@@ -44,7 +43,9 @@ NODE_PATHS=(/var/lib/kubelet /etc/cni/net.d /opt/cni/bin /var/lib/cni /run/conta
 	/run/k8s.cni.cncf.io /run/cdi /var/lib/fastpath /var/log/pods /var/log/containers)
 
 node_name() { echo "fastpath-e2e-$1"; }
-node_ip() { case $1 in a) echo 10.58.0.2 ;; b) echo 10.58.0.3 ;; esac; }
+# Nodes a and b are the two-node phase's, s1 … s8 the scale phase's
+# (scale.sh): 10.58.0.2, .3, .11 … .18.
+node_ip() { case $1 in a) echo 10.58.0.2 ;; b) echo 10.58.0.3 ;; s[0-9]*) echo "10.58.0.$((10 + ${1#s}))" ;; esac; }
 node_ns() { echo "fpn-$1"; }
 node_dir() { echo "$RUN/nodes/$1"; }
 node_init() { cat "$(node_dir "$1")/init.pid" 2>/dev/null; }
@@ -74,6 +75,7 @@ node_up() {
 	d=$(node_dir "$n")
 	ns=$(node_ns "$n")
 	mkdir -p "$d" "$NODE_HOST"
+	echo "$n" >>"$RUN/nodes-made"
 	echo "$ns" >>"$RUN/node-netns"
 	ip netns add "$ns"
 	ip link add "fpn-$n" type veth peer name eth0 netns "$ns"
@@ -166,10 +168,18 @@ node_containerd() {
 	expect "node $n: images in its containerd" 3 "$(ctr images ls -q 'name~=^localhost/fastpath-e2e/' | wc -l)"
 }
 
-# node_kubelet N starts node N's kubelet inside the node, registered as
-# Node fastpath-e2e-N with its IP on the node network.
+# node_kubelet N [LABEL] starts node N's kubelet (node_kubelet_start) and
+# waits for its /healthz and the Node Ready.
 node_kubelet() {
-	local n=$1 d name label=${2:-}
+	node_kubelet_start "$1"
+	node_kubelet_ready "$@"
+}
+
+# node_kubelet_start N starts node N's kubelet inside the node, registered
+# as Node fastpath-e2e-N with its IP on the node network; its status
+# every NODE_STATUS_FREQUENCY (1s: health reaches allocatable at once).
+node_kubelet_start() {
+	local n=$1 d name
 	d=$(node_dir "$n")
 	name=$(node_name "$n")
 	if [[ ! -f $d/kubelet/config.yaml ]]; then
@@ -180,7 +190,7 @@ node_kubelet() {
 			local CTRD_SOCK=$d/containerd/containerd.sock
 			kubelet_config "$d/pod-logs" "$d/volume-plugins"
 			cat <<EOF
-nodeStatusUpdateFrequency: 1s
+nodeStatusUpdateFrequency: ${NODE_STATUS_FREQUENCY:-1s}
 # The node's pods under a cgroup root of its own, as a kind node's are in
 # its container's cgroup.
 cgroupRoot: /fastpath-e2e-$n
@@ -191,9 +201,27 @@ EOF
 	start "kubelet-$n" nsenter -t "$(node_init "$n")" -m -n -- "$WORK/bin/kubelet" --config "$d/kubelet/config.yaml" \
 		--kubeconfig "$KCFG/kubelet-$n.kubeconfig" --root-dir /var/lib/kubelet --cert-dir "$d/kubelet/pki" \
 		--hostname-override "$name" --node-ip "$(node_ip "$n")" --v=2
-	require "node $n: kubelet /healthz$label" 90 node_exec "$n" curl -sf "http://127.0.0.1:$HEALTHZ_PORT/healthz"
-	require "node $name Ready$label" 120 kubectl wait --for condition=Ready --timeout 1s "node/$name"
 }
+
+# node_kubelet_ready N [LABEL] [TIMEOUT]: node N's kubelet answers /healthz
+# and its Node is Ready (within TIMEOUT s each; default 90 and 120).
+node_kubelet_ready() {
+	local n=$1 label=${2:-} name
+	name=$(node_name "$n")
+	require "node $n: kubelet /healthz$label" "${3:-90}" node_exec "$n" curl -sf "http://127.0.0.1:$HEALTHZ_PORT/healthz"
+	require "node $name Ready$label" "${3:-120}" kubectl wait --for condition=Ready --timeout 1s "node/$name"
+}
+
+# node_kernel_standin N starts kernel-standin in node N (its netns and
+# mounts): it plays the kernel for the plugin's sysfs writes on the node's
+# fixture host and makes each VF's netdev in the node's netns as the VF is
+# probed, recording them in nodes/N/vf-links.
+node_kernel_standin() {
+	local n=$1
+	start "kernel-standin-$n" nsenter -t "$(node_init "$n")" -m -n -- "$WORK/bin/kernel-standin" \
+		--host-root "$NODE_HOST" --links-file "$(node_dir "$n")/vf-links"
+}
+node_kernel_standin_watching() { grep -q 'kernel stand-in watching' "$RUN/logs/kernel-standin-$1.log"; }
 
 # fabric_up makes the fabric: a netns with one bridge.
 fabric_up() {
@@ -251,22 +279,31 @@ nodes_delete_pods() {
 }
 nodes_no_tasks() {
 	local n
-	for n in "${NODES[@]}"; do
+	for n in $(nodes_made); do
 		running "containerd-$n" || continue
 		[[ -z $(node_ctr "$n" tasks ls -q 2>/dev/null) ]] || return 1
 	done
 }
 
-# nodes_cleanup stops what the nodes run and removes them: the kubelets,
-# the containers (runc, by each node's state), containerd and the shims,
-# the kernel stand-in, the init processes (their mount namespaces go with
-# them, and the pods' netns bind-mounted there), the netns, the node
-# network, the nodes' cgroup roots.
-nodes_cleanup() {
+# nodes_made lists the nodes node_up made in this run (both phases').
+nodes_made() { sort -u "$RUN/nodes-made" 2>/dev/null; }
+# nodes_kubelet_running: a kubelet of a node runs.
+nodes_kubelet_running() {
+	local n
+	for n in $(nodes_made); do running "kubelet-$n" && return 0; done
+	return 1
+}
+
+# node_down N... stops what nodes N… run and removes them: the kubelets,
+# the containers (runc, by each node's state), containerd and its shims,
+# the kernel stand-ins, the init processes (their mount namespaces go with
+# them, and the pods' netns bind-mounted there), the netns, the nodes'
+# cgroup roots. Their Nodes stay in the API server.
+node_down() {
 	local n d pid id rroot
-	for n in "${NODES[@]}"; do stop "kubelet-$n"; done
-	stop kernel-standin-a
-	for n in "${NODES[@]}"; do
+	for n in "$@"; do stop "kubelet-$n"; done
+	for n in "$@"; do
+		stop "kernel-standin-$n"
 		d=$(node_dir "$n")
 		[[ -d $d ]] || continue
 		rroot=$d/containerd/runc/k8s.io
@@ -279,11 +316,15 @@ nodes_cleanup() {
 		stop "containerd-$n"
 	done
 	for pid in /proc/[0-9]*; do
-		if [[ $(readlink "$pid/exe" 2>/dev/null) == "$WORK/bin/containerd-shim-runc-v2" ]]; then
-			kill -KILL "${pid#/proc/}" 2>/dev/null && log "killed leftover shim ${pid#/proc/}"
-		fi
+		# A shim of these nodes' containerd: its -address is the node's.
+		[[ $(readlink "$pid/exe" 2>/dev/null) == "$WORK/bin/containerd-shim-runc-v2" ]] || continue
+		for n in "$@"; do
+			if tr '\0' ' ' <"$pid/cmdline" 2>/dev/null | grep -qF "$(node_dir "$n")/containerd/"; then
+				kill -KILL "${pid#/proc/}" 2>/dev/null && log "killed leftover shim ${pid#/proc/}"
+			fi
+		done
 	done
-	for n in "${NODES[@]}"; do
+	for n in "$@"; do
 		d=$(node_dir "$n")
 		pid=$(node_init "$n")
 		# Only our init: a sleep in a mount namespace other than ours.
@@ -297,6 +338,21 @@ nodes_cleanup() {
 			[[ -d $pid ]] && find "$pid" -depth -type d -exec rmdir {} + 2>/dev/null
 		done
 		ip link del "fpn-$n" 2>/dev/null
+		ip netns delete "$(node_ns "$n")" 2>/dev/null
+	done
+	return 0
+}
+
+# nodes_cleanup takes down every node made (node_down), kills any shim
+# left, deletes the netns (the fabric's too) and the node network.
+nodes_cleanup() {
+	local n pid
+	# shellcheck disable=SC2046 # node names are single words
+	node_down $(nodes_made)
+	for pid in /proc/[0-9]*; do
+		if [[ $(readlink "$pid/exe" 2>/dev/null) == "$WORK/bin/containerd-shim-runc-v2" ]]; then
+			kill -KILL "${pid#/proc/}" 2>/dev/null && log "killed leftover shim ${pid#/proc/}"
+		fi
 	done
 	if [[ -f $RUN/node-netns ]]; then
 		while read -r n; do ip netns delete "$n" 2>/dev/null; done <"$RUN/node-netns"

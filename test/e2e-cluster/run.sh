@@ -26,6 +26,7 @@ source "$CLUSTER_DIR/provision.sh"
 source "$CLUSTER_DIR/lifecycle.sh"
 source "$CLUSTER_DIR/nodes.sh"
 source "$CLUSTER_DIR/twonode.sh"
+source "$CLUSTER_DIR/scale.sh"
 
 HOST=$RUN/host # copy of the fixture host, with real char devices
 FIXTURE=$REPO/testdata/sysfs/dgx-h100
@@ -196,7 +197,7 @@ wait_names_free() {
 cleanup() {
 	set +e
 	# 1. Let the cluster stop the pods, so that containerd runs CNI DEL.
-	if running kube-apiserver && { running kubelet-a || running kubelet-b; }; then
+	if running kube-apiserver && nodes_kubelet_running; then
 		nodes_delete_pods
 	fi
 	nodes_cleanup
@@ -271,14 +272,16 @@ main() {
 	trap 'exit 130' INT TERM
 	snapshot_host
 	node_network_up
-	if [[ ${E2E_CLUSTER_PHASES:-all} == nodes ]]; then
-		# Development: the two-node phase alone (no one-node phases).
+	if [[ ${E2E_CLUSTER_PHASES:-all} =~ ^(nodes|scale|nodes,scale)$ ]]; then
+		# Development: the two-node phase (nodes), the scale phase
+		# (scale) or both, without the one-node phases.
 		make_pki
 		start_etcd
 		start_apiserver
 		start_controllers
 		setup_cni_identities
-		test_two_nodes
+		if [[ $E2E_CLUSTER_PHASES == nodes* ]]; then test_two_nodes; fi
+		if [[ $E2E_CLUSTER_PHASES == *scale ]]; then test_scale; fi
 		log "test steps done in $(elapsed "$t0")s"
 		return
 	fi
@@ -309,6 +312,7 @@ main() {
 	test_provision
 	test_lifecycle
 	test_two_nodes
+	test_scale
 	log "test steps done in $(elapsed "$t0")s"
 }
 

@@ -37,9 +37,10 @@ tn_plugin_pod_ready() {
 		jq_true '.items | length == 1 and (.[0].metadata.deletionTimestamp == null) and
 			any(.[0].status.conditions[]?; .type == "Ready" and .status == "True")'
 }
+# tn_ds_ready [N]: the DaemonSet is on N nodes (2), Ready and up to date on each.
 tn_ds_ready() {
-	kubectl -n "$DS_NS" get ds "$DS" -o json |
-		jq_true '.status.desiredNumberScheduled == 2 and .status.numberReady == 2 and .status.updatedNumberScheduled == 2'
+	kubectl -n "$DS_NS" get ds "$DS" -o json | jq_true --argjson n "${1:-2}" \
+		'.status.desiredNumberScheduled == $n and .status.numberReady == $n and .status.updatedNumberScheduled == $n'
 }
 # tn_task N NS POD CONTAINER FIELD: field 1 (ID) or 2 (PID) of the pod's
 # running container on node N.
@@ -63,11 +64,13 @@ tn_discover() {
 # tn_links N: node N's VF stand-ins on the node ("vf name mac" a line),
 # from its discover output and its netns.
 tn_links() {
-	local n=$1 vf name
-	for vf in $(tn_pool "$n"); do
-		name=$(tn_vf_field "$n" "$vf" netdev)
-		echo "$vf $name $(ip -n "$(node_ns "$n")" -o link show "$name" 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "link/ether") print $(i + 1) }')"
-	done
+	local n=$1
+	jq -r --arg r "$RESOURCE" '(.pools[] | select(.resource == $r) | .devices) as $pool
+		| .devices[] | select(.pciAddress as $a | $pool | index($a)) | "\(.pciAddress) \(.netdev)"' "$(node_dir "$n")/discover.json" |
+		awk 'FNR == NR { name = $2; sub(/:$/, "", name); sub(/@.*/, "", name)
+				for (i = 1; i < NF; i++) if ($i == "link/ether") mac[name] = $(i + 1)
+				next }
+			{ print $1, $2, mac[$2] }' <(ip -n "$(node_ns "$n")" -o link show) -
 }
 # tn_vfs_home N: every VF stand-in of node N is in the node's netns under
 # its name with its MAC ($RUN/nodes/N/vf-macs).
@@ -168,9 +171,8 @@ tn_nodes_up() {
 	done
 	# A's kernel: kernel-standin in the node, making each VF's netdev in
 	# A's netns as the VF is probed.
-	start kernel-standin-a nsenter -t "$(node_init a)" -m -n -- "$WORK/bin/kernel-standin" \
-		--host-root "$NODE_HOST" --links-file "$(node_dir a)/vf-links"
-	require "node A: kernel stand-in watches its host's sysfs" 30 grep -q 'kernel stand-in watching' "$RUN/logs/kernel-standin-a.log"
+	node_kernel_standin a
+	require "node A: kernel stand-in watches its host's sysfs" 30 node_kernel_standin_watching a
 	check "the nodes' netns are their own: A has no link of B's (ens1f0v0), B none of A's (ibp24s0)" \
 		bash -c "! ip -n $(node_ns a) link show ens1f0v0 >/dev/null 2>&1 && ! ip -n $(node_ns b) link show ibp24s0 >/dev/null 2>&1"
 	check "the nodes' mounts are their own: B's /var/lib/kubelet/device-plugins/kubelet.sock is its own, not A's or the host's" \
@@ -182,33 +184,9 @@ tn_nodes_up() {
 # each IB rail, nodeSelector $TN_POLICY_LABEL), the image, the host root
 # $NODE_HOST (each node's own fixture), the API server's address.
 tn_deploy() {
-	local dir=$RUN/deploy-nodes HOST=$NODE_HOST
-	# The same overlay as the one-node phase's (checks.sh), on $NODE_HOST.
-	local host_volumes
-	host_volumes=$(host_volumes "$HOST")
-	write_overlay "$RUN/deploy-nodes-base" "$(realpath --relative-to="$RUN/deploy-nodes-base" "$REPO/deployments")" <<EOF
-images:
-  - name: ghcr.io/fastpath-k8s/fastpath
-    newName: ${FASTPATH_IMAGE%:*}
-    newTag: "${FASTPATH_IMAGE##*:}"
-patches:
-  - target: {kind: DaemonSet, name: $DS}
-    patch: '{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "$DS", "namespace": "$DS_NS"},
-      "spec": {"template": {"spec": {"volumes": $host_volumes}}}}'
-  - target: {kind: DaemonSet, name: $DS}
-    patch: |-
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --node-root=$HOST}
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "$API_HOST"}}
-      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}}
-  - target: {kind: DaemonSet, name: $DS}
-    patch: '{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "$DS", "namespace": "$DS_NS"},
-      "spec": {"template": {"spec": {"volumes": [{"name": "sys-devices", "hostPath": {"path": "$HOST/sys/devices"}},
-        {"name": "sys-bus-pci", "hostPath": {"path": "$HOST/sys/bus/pci"}}]}}}}'
-components: [$(realpath --relative-to="$RUN/deploy-nodes-base" "$REPO/deployments/components/provision")]
-EOF
-	kubectl kustomize "$RUN/deploy-nodes-base" >"$RUN/deploy-nodes.yaml"
+	tn_overlay
 	check "one DaemonSet spec for both nodes: components/provision with its shipped policy (nodeSelector $TN_POLICY_LABEL), host root $NODE_HOST" \
-		provision_rendered "$RUN/deploy-nodes.yaml"
+		tn_rendered "$RUN/deploy-nodes.yaml"
 	kubectl label node "$(node_name a)" "$NFD_LABEL=true" "$TN_POLICY_LABEL=true" >/dev/null
 	kubectl label node "$(node_name b)" "$NFD_LABEL=true" >/dev/null
 	tn_numvfs "$(node_dir b)/host" >"$(node_dir b)/numvfs-before"
@@ -239,6 +217,40 @@ EOF
 	expect "fabric: the far ends of A's and B's VFs are its ports" "$((TN_RAILS * TN_NUMVFS + 8))" \
 		"$(ip -n "$FABRIC_NS" -o link show master "$FABRIC_BRIDGE" | wc -l)"
 }
+
+# tn_overlay writes $RUN/deploy-nodes-base, the overlay of the nodes'
+# phases (the same as the one-node phase's, checks.sh, on $NODE_HOST), and
+# renders it into $RUN/deploy-nodes.yaml.
+tn_overlay() {
+	local HOST=$NODE_HOST host_volumes
+	host_volumes=$(host_volumes "$HOST")
+	write_overlay "$RUN/deploy-nodes-base" "$(realpath --relative-to="$RUN/deploy-nodes-base" "$REPO/deployments")" <<EOF
+images:
+  - name: ghcr.io/fastpath-k8s/fastpath
+    newName: ${FASTPATH_IMAGE%:*}
+    newTag: "${FASTPATH_IMAGE##*:}"
+patches:
+  - target: {kind: DaemonSet, name: $DS}
+    patch: '{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "$DS", "namespace": "$DS_NS"},
+      "spec": {"template": {"spec": {"volumes": $host_volumes}}}}'
+  - target: {kind: DaemonSet, name: $DS}
+    patch: |-
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --node-root=$HOST}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: "$API_HOST"}}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "$API_PORT"}}
+  - target: {kind: DaemonSet, name: $DS}
+    patch: '{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "$DS", "namespace": "$DS_NS"},
+      "spec": {"template": {"spec": {"volumes": [{"name": "sys-devices", "hostPath": {"path": "$HOST/sys/devices"}},
+        {"name": "sys-bus-pci", "hostPath": {"path": "$HOST/sys/bus/pci"}}]}}}}'
+components: [$(realpath --relative-to="$RUN/deploy-nodes-base" "$REPO/deployments/components/provision")]
+EOF
+	kubectl kustomize "$RUN/deploy-nodes-base" >"$RUN/deploy-nodes.yaml"
+}
+
+# tn_rendered FILE: provision_rendered of FILE with the nodes'
+# host root.
+tn_rendered() { HOST=$NODE_HOST provision_rendered "$1"; }
+
 # tn_own_kubelet_sock N: node N's /var/lib/kubelet is its own.
 tn_own_kubelet_sock() {
 	local in out other
@@ -476,12 +488,20 @@ tn_job_delete() {
 
 # tn_node_left N prints what is left of pods on node N: pod netns in its
 # /run/netns, the sriov CNI's state (its tombstones, deleted-*.json, are
-# none: docs/cni.md), libcni's cache, Multus' cache,
-# PodResources' pods, containers.
+# none: docs/cni.md; nor is an attachment's lock file beside its
+# tombstone, attach-<hash>.lock, which a DEL killed after it wrote the
+# tombstone leaves: the sweep that removes the tombstone takes that lock
+# and removes it), libcni's cache, Multus' cache, PodResources' pods,
+# containers.
 tn_node_left() {
-	local n=$1
-	find "$(node_path "$n" /run/netns)" "$(node_path "$n" /var/lib/cni/sriov)" "$(node_path "$n" /var/lib/cni/results)" \
-		"$(node_dir "$n")/cni/multus" -mindepth 1 -type f ! -name 'deleted-*.json' 2>/dev/null | sed "s|^$(node_dir "$n")/||"
+	local n=$1 sriov f h
+	sriov=$(node_path "$n" /var/lib/cni/sriov)
+	find "$(node_path "$n" /run/netns)" "$sriov" "$(node_path "$n" /var/lib/cni/results)" \
+		"$(node_dir "$n")/cni/multus" -mindepth 1 -type f ! -name 'deleted-*.json' 2>/dev/null |
+		while read -r f; do
+			h=${f#"$sriov"/attach-}
+			[[ $f == "$sriov"/attach-*.lock && -f $sriov/deleted-${h%.lock}.json ]] || echo "${f#"$(node_dir "$n")"/}"
+		done
 	node_podres "$n" list | awk '$1 ~ /^default\// { print "podresources: " $1 }'
 	node_ctr "$n" tasks ls -q | while read -r id; do
 		node_ctr "$n" containers info "$id" | jq -r '.Labels["io.kubernetes.pod.namespace"] // ""' | grep -qx default && echo "task $id"
