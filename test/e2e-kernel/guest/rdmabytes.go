@@ -135,9 +135,11 @@ func (g *guest) rdmaPods(rb *rdmaBytes) error {
 		return fmt.Errorf("harness: %w", err)
 	}
 	// VF 2 of each wire PF: cniState and the checks between here and
-	// cni/rdma-del-with-live-qp use VFs 0 and 1
-	for i, p := range []*pf{g.wireA, g.wireB} {
-		if vfs := vfsOf(p.addr); len(vfs) < 3 || driverOf(vfs[2]) != "igbvf" {
+	// cni/rdma-del-with-live-qp use VFs 0 and 1. Both PFs' VFs are made
+	// before either pod's ADD: VFs made after a netdev left for a pod
+	// would take its free name (eth5), and DEL would find it taken.
+	for _, p := range []*pf{g.wireA, g.wireB} {
+		if vfs := vfsOf(p.addr); len(vfs) < 3 || driverOf(vfs[2]) != "igbvf" || len(netdevsOf(vfs[2])) != 1 {
 			if err := setNumVFs(p.addr, 0); err != nil {
 				return err
 			}
@@ -145,6 +147,8 @@ func (g *guest) rdmaPods(rb *rdmaBytes) error {
 				return err
 			}
 		}
+	}
+	for i, p := range []*pf{g.wireA, g.wireB} {
 		v, err := g.newVF(p, 2)
 		if err != nil {
 			return err
