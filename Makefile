@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-cluster-scale e2e-kernel bench-cni-kernel image-tar fixtures clean soak fuzz vulncheck
+.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-cluster-scale e2e-kernel e2e-kernel-matrix e2e-kernel-boots bench-cni-kernel image-tar fixtures clean soak fuzz vulncheck
 
 all: lint build test
 
@@ -101,13 +101,25 @@ e2e-cluster-scale:
 	E2E_CLUSTER_PHASES=scale E2E_SCALE_CYCLES=$${E2E_SCALE_CYCLES:-20} test/e2e-cluster/run.sh
 
 # fastpath inside a real Linux kernel (root): QEMU (>= 8.0, from
-# bookworm-backports) boots Debian's 6.12 kernel with emulated SR-IOV NICs
+# bookworm-backports) boots one of Debian's kernels (KERNEL=5.10, 6.1, 6.12
+# or 7.3; 6.12 by default) with emulated SR-IOV NICs
 # (igb, 7 VFs per PF) and an IOMMU; provisioning, discovery and serve, the
 # CNI (SIGKILLs included) and rdma_rxe run on it, one PASS/FAIL line per
-# check. Skips, saying why, where QEMU or the kernel cannot be had. Caches
+# check, a SKIP line where the kernel lacks what a check needs. Skips,
+# saying why, where QEMU or the kernel cannot be had. Caches
 # in .e2e-work/kernel (WORK=DIR: DIR/kernel). See test/e2e-kernel/README.md.
 e2e-kernel:
-	test/e2e-kernel/run.sh
+	KERNEL=$(KERNEL) test/e2e-kernel/run.sh
+
+# make e2e-kernel on every guest kernel (5.10, 6.1, 6.12, 7.3), then one
+# table: kernel, passed, failed, skipped, time.
+e2e-kernel-matrix:
+	test/e2e-kernel/matrix.sh
+
+# The guest booted BOOTS times in a row (5) beside LOAD busy loops (4),
+# setup and capture only: boots that ran to their end, panics.
+e2e-kernel-boots:
+	KERNEL=$(KERNEL) test/e2e-kernel/boots.sh
 
 # Builds of the sriov CNI side by side in that guest: ADD, DEL and VERSION
 # p50 / p90 (BASE=REV adds a git revision's build, UPSTREAM=FILE another

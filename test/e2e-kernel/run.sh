@@ -1,43 +1,62 @@
 #!/usr/bin/env bash
 # make e2e-kernel: fastpath inside a real Linux kernel with emulated SR-IOV
-# NICs. QEMU (>= 8.0, TCG) boots Debian's own bookworm-backports kernel
-# with three Intel 82576 (igb) PFs behind PCIe root ports and an IOMMU;
+# NICs. QEMU (>= 8.0, TCG) boots one of Debian's own kernels (KERNEL=5.10,
+# 6.1, 6.12 or 7.3; 6.12, bookworm-backports', when unset) with three Intel 82576 (igb) PFs behind PCIe root ports and an IOMMU;
 # an initramfs holds busybox, iproute2, the product's static binaries, the
 # CNI reference IPAM plugins, the guest check program (test/e2e-kernel/guest)
 # and the kernel modules it needs. The guest prints one PASS or FAIL line
-# per check; this script counts them. See test/e2e-kernel/README.md.
+# per check, or "SKIP: <check>: <reason>" where the kernel lacks what a
+# check needs; this script counts them. See test/e2e-kernel/README.md.
 #
 # Everything fetched or built is cached under $WORK/kernel (WORK defaults
-# to .e2e-work, git-ignored); only a run's own files are remade. When QEMU
+# to .e2e-work, git-ignored): each kernel in linux-<abi>/, each kernel's
+# initramfs and run in <KERNEL>/; only a run's own files are remade. When QEMU
 # or the kernel cannot be had it prints "SKIP: <reason>" and exits 0.
 #
-# Usage: test/e2e-kernel/run.sh   (as root; WORK, KERNEL_ABI, KERNEL_PKG_VERSION,
+# Usage: test/e2e-kernel/run.sh   (as root; WORK, KERNEL, KERNEL_ABI, KERNEL_PKG_VERSION,
 #                                  QEMU_TIMEOUT, E2E_KERNEL_CHECKS override the defaults;
 #                                  E2E_KERNEL_BENCH_BINS and _ROUNDS are bench-cni.sh's;
 #                                  E2E_KERNEL_SRC builds the binaries from another checkout)
 set -euo pipefail
+# All of it in one group, which bash reads whole before running any of it:
+# editing this file while a run boots its guest does not change that run.
+{
 
 DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$DIR/../.." && pwd)
 WORK=${WORK:-$REPO/.e2e-work}
 CACHE=$WORK/kernel
-RUN=$CACHE/run
 
-# The pinned guest kernel: the package linux-image-amd64 depends on in
-# bookworm-backports (apt-cache policy linux-image-amd64 -t bookworm-backports).
-KERNEL_ABI=${KERNEL_ABI:-6.12.95+deb12-amd64}
-KERNEL_PKG_VERSION=${KERNEL_PKG_VERSION:-6.12.95-1~bpo12+1}
+# The guest kernel, its suite, ABI and pinned package version, and how to
+# fetch it: test/e2e-kernel/kernel.sh (other tiers that boot these kernels
+# source it too).
+# shellcheck source=test/e2e-kernel/kernel.sh
+source "$DIR/kernel.sh"
+KERNEL=${KERNEL:-$KERNEL_DEFAULT}
+kernel_select "$KERNEL" || exit 2
+KC=$CACHE/$KERNEL
+RUN=$KC/run
 # QEMU 8.0 is the first with -device igb (SR-IOV); bookworm-backports has
 # 10.0.2 (the version this tier was measured on).
 QEMU_PKG_VERSION=${QEMU_PKG_VERSION:-1:10.0.2+ds-2+deb13u1~bpo12+1}
 QEMU_MIN_MAJOR=8
-# The whole guest run, boot to poweroff; it takes 2-4 minutes on 2 cores.
-QEMU_TIMEOUT=${QEMU_TIMEOUT:-900}
-# The modules the guest loads (their dependencies come from modules.dep).
-MODULES="igb igbvf vfio-pci rdma_rxe ib_uverbs rdma_ucm crc32_generic virtio_blk veth"
+# The whole guest run, boot to poweroff; it takes 3-5 minutes on 2 cores,
+# and 25 at a load average of 50 (7.3 with the RDMA bytes, measured).
+QEMU_TIMEOUT=${QEMU_TIMEOUT:-1800}
+# The modules the guest loads (their dependencies come from modules.dep):
+# each must be in the kernel, as a file or built in.
+# virtio_pci is built into 6.12 and a module on 5.10 (without it the
+# capture disk has no /dev/vda).
+MODULES="igb igbvf vfio-pci virtio_pci virtio_blk veth"
+# Those a kernel may lack: its checks that need them SKIP, naming the
+# module (/etc/e2e-modules-absent in the guest). 7.x has no crc32_generic
+# (crc32 is library code there, built in).
+MODULES_OPTIONAL="rdma_rxe ib_uverbs rdma_ucm crc32_generic"
 # Debian's busybox-static, iproute2 and util-linux's setpriv are what the
-# guest's userland is.
-DEBS_NEEDED="busybox-static kmod xz-utils cpio iproute2 util-linux"
+# guest's userland is; rdma-core's ibv_rc_pingpong (ibverbs-utils), its rxe
+# provider (ibverbs-providers) and perftest's ib_write_bw move the RDMA
+# bytes between pods (guest/rdmabytes.go).
+DEBS_NEEDED="busybox-static kmod xz-utils zstd cpio iproute2 util-linux ibverbs-utils ibverbs-providers perftest"
 
 export PATH=/usr/local/go/bin:/usr/sbin:/sbin:$PATH
 
@@ -101,44 +120,6 @@ install_deps() {
 	fi
 }
 
-# fetch_kernel unpacks the pinned kernel package into $KDIR (never
-# installed on the host) and runs depmod over it; cached by a stamp. When
-# the pinned version is gone from the mirror, the one linux-image-amd64
-# depends on in bookworm-backports is taken, and the log says so.
-fetch_kernel() {
-	local want="linux-image-$KERNEL_ABI=$KERNEL_PKG_VERSION"
-	KDIR=$CACHE/linux-$KERNEL_ABI
-	if [[ -f $KDIR/stamp && $(<"$KDIR/stamp") == "$want" ]]; then
-		return 0
-	fi
-	command -v apt-get >/dev/null || skip "no apt-get to fetch the guest kernel package $want"
-	local dl=$CACHE/dl
-	rm -rf "$dl" && mkdir -p "$dl"
-	if ! (cd "$dl" && apt-get download -o APT::Sandbox::User=root "$want" >&2); then
-		backports_sources || true
-		APT_UPDATED= apt_update || true
-		if ! (cd "$dl" && apt-get download -o APT::Sandbox::User=root "$want" >&2); then
-			local dep meta
-			meta=$(apt-cache policy -t bookworm-backports linux-image-amd64 2>/dev/null | awk '$1 == "Candidate:" { print $2 }')
-			dep=$(apt-cache show "linux-image-amd64=$meta" 2>/dev/null |
-				awk -F': ' '$1 == "Depends" { split($2, d, " "); print d[1] "=" substr(d[3], 1, length(d[3]) - 1); exit }')
-			[[ $dep == linux-image-6.* ]] || skip "the guest kernel $want is not on the mirror, and bookworm-backports offers no linux-image-amd64"
-			log "WARNING: the pinned kernel $want is not on the mirror; using $dep instead (update KERNEL_ABI/KERNEL_PKG_VERSION in test/e2e-kernel/run.sh)"
-			(cd "$dl" && apt-get download -o APT::Sandbox::User=root "$dep" >&2) || skip "cannot download the guest kernel $dep"
-			want=$dep
-			KERNEL_ABI=${dep#linux-image-}
-			KERNEL_ABI=${KERNEL_ABI%%=*}
-			KDIR=$CACHE/linux-$KERNEL_ABI
-		fi
-	fi
-	log "unpacking $want"
-	rm -rf "$KDIR" && mkdir -p "$KDIR"
-	dpkg-deb -x "$dl"/linux-image-*.deb "$KDIR"
-	depmod -b "$KDIR" "$KERNEL_ABI"
-	rm -rf "$dl"
-	echo "$want" >"$KDIR/stamp"
-}
-
 # build_go builds the product's binaries, the CNI reference IPAM plugins
 # (the versions go.mod pins) and the guest program, static.
 build_go() {
@@ -165,18 +146,41 @@ copy_with_libs() {
 
 # module_paths prints the modules' files and their dependencies, in
 # modules.dep's relative form.
+# A module built into the kernel has no file: it is left out, and named in
+# the guest's /etc/e2e-modules-builtin (modprobe there has nothing to do).
 module_paths() {
-	local dep=$KDIR/lib/modules/$KERNEL_ABI/modules.dep m line
-	for m in $MODULES; do
-		line=$(grep -E "/${m//[-_]/[-_]}\.ko(\.xz|\.zst|\.gz)?:" "$dep") || die "module $m is not in $dep"
+	local dep=$KERNEL_MODDIR/modules.dep m line
+	for m in $MODULES $MODULES_OPTIONAL; do
+		line=$(grep -E "/${m//[-_]/[-_]}\.ko(\.xz|\.zst|\.gz)?:" "$dep") || continue
 		echo "$line" | tr -d ':' | tr ' ' '\n'
 	done | sort -u
+}
+
+# module_lists writes the guest's /etc/e2e-modules-builtin and
+# /etc/e2e-modules-absent, and fails on a required module the kernel lacks.
+module_lists() {
+	local m re
+	: >"$ROOT/etc/e2e-modules-builtin"
+	: >"$ROOT/etc/e2e-modules-absent"
+	for m in $MODULES $MODULES_OPTIONAL; do
+		re="/${m//[-_]/[-_]}\.ko(\.xz|\.zst|\.gz)?"
+		if grep -qE "$re:" "$KERNEL_MODDIR/modules.dep"; then
+			continue
+		elif grep -qsE "$re\$" "$KERNEL_MODDIR/modules.builtin"; then
+			echo "$m" >>"$ROOT/etc/e2e-modules-builtin"
+		elif [[ " $MODULES_OPTIONAL " == *" $m "* ]]; then
+			log "kernel $KERNEL has no module $m: the checks that need it skip"
+			echo "$m" >>"$ROOT/etc/e2e-modules-absent"
+		else
+			die "kernel $KERNEL ($KERNEL_ABI) has no module $m (not in modules.dep nor modules.builtin)"
+		fi
+	done
 }
 
 # make_initramfs stages the guest's root and packs it (newc, uncompressed:
 # TCG pays for every decompressed byte).
 make_initramfs() {
-	ROOT=$CACHE/root
+	ROOT=$KC/root
 	rm -rf "$ROOT" && mkdir -p "$ROOT"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,etc,opt/cni/bin,var/lib,mnt}
 	local busybox
 	busybox=$(command -v busybox) || die "no busybox (busybox-static)"
@@ -188,9 +192,25 @@ make_initramfs() {
 	copy_with_libs "$(readlink -f "$ip")"
 	copy_with_libs "$(readlink -f "$rdma")"
 	# setpriv runs the plugin with the DaemonSet's capabilities (guest/daemonset.go)
-	local setpriv
+	local setpriv script
 	setpriv=$(command -v setpriv) || die "no setpriv (util-linux)"
 	copy_with_libs "$(readlink -f "$setpriv")"
+	# script runs the verbs tools on a pty: their output line by line
+	script=$(command -v script) || die "no script (util-linux)"
+	copy_with_libs "$(readlink -f "$script")"
+	# the verbs tools, their libraries and the loader, and rdma-core's
+	# soft-RoCE provider with its driver file (only rxe's: libibverbs
+	# would warn about every other provider it cannot load)
+	local t prov
+	for t in ibv_rc_pingpong ib_write_bw; do
+		t=$(command -v "$t") || die "no $t (ibverbs-utils, perftest)"
+		copy_with_libs "$(readlink -f "$t")"
+		[[ -e $ROOT/usr/bin/$(basename "$t") ]] || ln -s "$(readlink -f "$t")" "$ROOT/usr/bin/$(basename "$t")"
+	done
+	prov=$(dpkg -L ibverbs-providers 2>/dev/null | grep '/librxe-rdmav[0-9]*\.so$' | head -1)
+	[[ -n $prov && -f /etc/libibverbs.d/rxe.driver ]] || die "no rxe provider (ibverbs-providers)"
+	copy_with_libs "$prov"
+	install -D -m 0644 /etc/libibverbs.d/rxe.driver "$ROOT/etc/libibverbs.d/rxe.driver"
 	[[ -e $ROOT/sbin/ip ]] || ln -s "$(readlink -f "$ip")" "$ROOT/sbin/ip"
 	[[ -e $ROOT/usr/bin/rdma ]] || ln -s "$(readlink -f "$rdma")" "$ROOT/usr/bin/rdma"
 	# the loader ldd names as a path (/lib64/ld-linux-x86-64.so.2) is a link on the host
@@ -210,16 +230,18 @@ make_initramfs() {
 	for m in $(module_paths); do
 		mkdir -p "$mods/$(dirname "$m")"
 		case $m in
-		*.xz) xz -dc "$KDIR/lib/modules/$KERNEL_ABI/$m" >"$mods/${m%.xz}" ;;
-		*) cp "$KDIR/lib/modules/$KERNEL_ABI/$m" "$mods/$m" ;;
+		*.xz) xz -dc "$KERNEL_MODDIR/$m" >"$mods/${m%.xz}" ;;
+		*.zst) zstd -qdc "$KERNEL_MODDIR/$m" >"$mods/${m%.zst}" ;;
+		*) cp "$KERNEL_MODDIR/$m" "$mods/$m" ;;
 		esac
 	done
-	cp "$KDIR/lib/modules/$KERNEL_ABI"/modules.{builtin,builtin.modinfo,order} "$mods/" 2>/dev/null || true
+	cp "$KERNEL_MODDIR"/modules.{builtin,builtin.modinfo,order} "$mods/" 2>/dev/null || true
+	module_lists
 	depmod -b "$ROOT" "$KERNEL_ABI"
 	echo "root:x:0:0:root:/root:/bin/sh" >"$ROOT/etc/passwd"
 	echo "$KERNEL_ABI" >"$ROOT/etc/kernel-abi"
-	(cd "$ROOT" && find . -print0 | cpio --null -o -H newc --quiet) >"$CACHE/initramfs.cpio"
-	log "initramfs: $(du -m "$CACHE/initramfs.cpio" | cut -f1) MiB"
+	(cd "$ROOT" && find . -print0 | cpio --null -o -H newc --quiet) >"$KC/initramfs.cpio"
+	log "initramfs: $(du -m "$KC/initramfs.cpio" | cut -f1) MiB"
 }
 
 install_deps
@@ -234,8 +256,9 @@ if ! flock -n 9; then
 	log "waiting for another make e2e-kernel on $WORK to finish"
 	flock 9
 fi
-fetch_kernel
-log "qemu: $(qemu-system-x86_64 --version | head -1); kernel: $(<"$KDIR/stamp")"
+kernel_fetch "$CACHE"
+mkdir -p "$KC"
+log "qemu: $(qemu-system-x86_64 --version | head -1); kernel $KERNEL: $(<"$KDIR/stamp")"
 build_go
 make_initramfs
 
@@ -252,8 +275,8 @@ qemu=(
 	qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 2048
 	-machine q35,kernel-irqchip=split -device intel-iommu,intremap=on
 	-nographic -no-reboot -serial stdio -monitor none
-	-kernel "$KDIR/boot/vmlinuz-$KERNEL_ABI" -initrd "$CACHE/initramfs.cpio"
-	-append "console=ttyS0 panic=-1 intel_iommu=on loglevel=4 e2e_checks=${E2E_KERNEL_CHECKS:-} E2E_KERNEL_BENCH_ROUNDS=${E2E_KERNEL_BENCH_ROUNDS:-25}"
+	-kernel "$KERNEL_VMLINUZ" -initrd "$KC/initramfs.cpio"
+	-append "console=ttyS0 panic=-1 intel_iommu=on no_timer_check loglevel=4 e2e_checks=${E2E_KERNEL_CHECKS:-} E2E_KERNEL_BENCH_ROUNDS=${E2E_KERNEL_BENCH_ROUNDS:-25}"
 	-netdev hubport,id=wire0,hubid=0 -netdev hubport,id=wire1,hubid=0 -netdev user,id=node,ipv6=on
 	-device pcie-root-port,id=rp1,chassis=1,slot=1 -device igb,netdev=wire0,bus=rp1,mac=52:54:00:e2:00:01
 	-device pcie-root-port,id=rp2,chassis=2,slot=2 -device igb,netdev=wire1,bus=rp2,mac=52:54:00:e2:00:02
@@ -301,14 +324,23 @@ fi
 
 pass=$(grep -c '^PASS ' "$RUN/console.log" || true)
 fail=$(grep -c '^FAIL ' "$RUN/console.log" || true)
+skipped=$(grep -c '^SKIP: ' "$RUN/console.log" || true)
 done_marker=$(grep -c '^E2E-KERNEL-DONE' "$RUN/console.log" || true)
+panics=$(grep -c 'Kernel panic' "$RUN/console.log" || true)
 echo
 echo "failed checks:"
 grep '^FAIL ' "$RUN/console.log" || echo "  none"
-echo "$pass passed, $fail failed"
-log "guest run ${guest_s}s, total $(($(date +%s) - T0))s (qemu exit $qrc)"
+echo "skipped checks (what kernel $KERNEL lacks):"
+grep '^SKIP: ' "$RUN/console.log" || echo "  none"
+total_s=$(($(date +%s) - T0))
+echo "kernel $KERNEL ($KERNEL_ABI): $pass passed, $fail failed, $skipped skipped"
+log "guest run ${guest_s}s, total ${total_s}s (qemu exit $qrc)"
+# one line for make e2e-kernel-matrix: kernel abi passed failed skipped seconds done panics
+echo "$KERNEL $KERNEL_ABI $pass $fail $skipped $total_s $done_marker $panics" >"$KC/result"
 if ((done_marker == 0)); then
 	echo "FAIL: the guest died before its last check (no E2E-KERNEL-DONE; qemu exit $qrc): see $RUN/console.log"
 	exit 1
 fi
 ((fail == 0 && pass > 0))
+exit
+}

@@ -164,11 +164,20 @@ func captureSysfs(tw *tar.Writer, pfs []*pf) error {
 	}
 	// the modules of the drivers bound, as /sys/module shows them loaded
 	for _, m := range []string{"igb", "igbvf", "vfio", "vfio_pci", "vfio_pci_core"} {
+		if m == "vfio_pci_core" && !moduleLoaded(m) {
+			continue // before 5.15 vfio-pci is one module (5.10 has no vfio_pci_core)
+		}
 		if err := c.file(filepath.Join("/sys/module", m, "initstate")); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// moduleLoaded says whether /sys/module has module m.
+func moduleLoaded(m string) bool {
+	_, err := os.Stat(filepath.Join("/sys/module", m))
+	return err == nil
 }
 
 // writeOut writes the capture and the guest's logs as one tar to the

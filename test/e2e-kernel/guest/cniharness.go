@@ -98,6 +98,23 @@ func (g *guest) newVF(p *pf, idx int) (*vf, error) {
 	if s.name == "" {
 		return nil, fmt.Errorf("VF %s has no netdev in the init netns", v)
 	}
+	if s.pf.Mac == nil || s.pf.Mac.String() == "00:00:00:00:00:00" {
+		// A VF as a node has it once its netdev has been up: 5.10's igbvf
+		// tells the PF its own (random) MAC when the netdev opens, and the
+		// PF reports it as the VF's MAC from then on (6.12's keeps 00:…);
+		// a VF never up would show the CNI's first ADD as a PF-side change
+		// the CNI did not make. Seen in the 5.10 guest: every ADD/DEL, and
+		// rdma/rxe-on-vf's own "ip link set up", left the PF reporting it.
+		if err := ipCmd("link", "set", s.name, "up"); err != nil {
+			return nil, err
+		}
+		if err := ipCmd("link", "set", s.name, "down"); err != nil {
+			return nil, err
+		}
+		if s, err = v.now(); err != nil {
+			return nil, err
+		}
+	}
 	v.orig = s
 	return v, nil
 }

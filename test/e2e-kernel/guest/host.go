@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 const pciDevices = "/sys/bus/pci/devices"
@@ -95,13 +96,45 @@ func iommuGroup(addr string) string {
 
 // modprobe loads modules with busybox's modprobe (modules.dep made by
 // depmod over the initramfs's decompressed modules).
+//
+// A module the kernel has built in is not probed (the initramfs has no
+// file for it; run.sh lists it in /etc/e2e-modules-builtin); one the
+// kernel lacks (/etc/e2e-modules-absent) is a skipError naming it.
 func modprobe(mods ...string) error {
 	for _, m := range mods {
+		switch {
+		case kernelModuleListed("/etc/e2e-modules-builtin", m):
+			continue
+		case kernelModuleListed("/etc/e2e-modules-absent", m):
+			return skipf("kernel %s has no module %s", kernelRelease(), m)
+		}
 		if r := run(60*time.Second, nil, "", "/sbin/modprobe", m); r.err != nil {
 			return fmt.Errorf("modprobe %s: %s", m, r)
 		}
 	}
 	return nil
+}
+
+// kernelModuleListed says whether module m is a line of file (run.sh's
+// lists; - and _ are one).
+func kernelModuleListed(file, m string) bool {
+	b, _ := os.ReadFile(file)
+	norm := func(s string) string { return strings.ReplaceAll(s, "-", "_") }
+	for _, l := range strings.Fields(string(b)) {
+		if norm(l) == norm(m) {
+			return true
+		}
+	}
+	return false
+}
+
+// kernelRelease is uname -r.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "?"
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // findPFs finds the igb PFs by QEMU's MACs.
@@ -203,7 +236,8 @@ func setupChecks() []check {
 		{"setup/modules", func(g *guest) error {
 			// what udev would load on a node: the PF and VF drivers, vfio-pci
 			// for the vfio VFs, virtio_blk for the capture disk
-			return modprobe("virtio_blk", "igb", "igbvf", "vfio-pci")
+			// (virtio_pci: a module on 5.10, built in from 6.1 on)
+			return modprobe("virtio_pci", "virtio_blk", "igb", "igbvf", "vfio-pci")
 		}},
 		{"setup/pfs", func(g *guest) error {
 			if err := waitFor(20*time.Second, g.findPFs); err != nil {

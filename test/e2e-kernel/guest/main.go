@@ -24,8 +24,10 @@ import (
 	"time"
 )
 
-// A check is one named PASS/FAIL line. run returns nil for PASS; skip
-// names a check whose prerequisite failed (it is a FAIL, saying which).
+// A check is one named PASS/FAIL line. run returns nil for PASS, a
+// skipError (skipf) where the kernel lacks what the check needs (a
+// "SKIP: <name>: <reason>" line, counted apart, never a pass), and any
+// other error for FAIL.
 type check struct {
 	name string
 	run  func(*guest) error
@@ -42,6 +44,19 @@ type guest struct {
 	out                  string // the raw disk the capture goes to
 	logs                 string // a directory of logs that goes out with the capture
 	failed               map[string]bool
+	skipped              map[string]string // check name: why it skipped
+	// passNote is what the current check adds to its PASS line (a figure)
+	passNote string
+}
+
+// skipError is a check's answer when the kernel lacks what it needs.
+type skipError struct{ reason string }
+
+func (e *skipError) Error() string { return "skipped: " + e.reason }
+
+// skipf skips the current check, saying what the kernel lacks.
+func skipf(format string, args ...any) error {
+	return &skipError{reason: fmt.Sprintf(format, args...)}
 }
 
 func main() {
@@ -62,13 +77,13 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	g := &guest{ctx: context.Background(), out: *out, logs: "/tmp/e2e-logs", failed: map[string]bool{}}
+	g := &guest{ctx: context.Background(), out: *out, logs: "/tmp/e2e-logs", failed: map[string]bool{}, skipped: map[string]string{}}
 	_ = os.MkdirAll(g.logs, 0o755)
 	if err := writeCNINodeConfig(cniNodeConfig, cniStateDir); err != nil {
 		fmt.Fprintln(os.Stderr, "guest: the CNI's node config:", err)
 		os.Exit(2)
 	}
-	failed := 0
+	failed, skipped := 0, 0
 	t0 := time.Now()
 	for _, c := range checks() {
 		setup := strings.HasPrefix(c.name, "setup/") || strings.HasPrefix(c.name, "capture/")
@@ -79,18 +94,26 @@ func main() {
 			continue // benchmarks run only when -checks names them
 		}
 		t := time.Now()
+		g.passNote = ""
 		err := runCheck(g, c)
 		d := time.Since(t).Round(100 * time.Millisecond)
-		if err != nil {
+		var se *skipError
+		if errors.As(err, &se) {
+			skipped++
+			g.skipped[c.name] = se.reason
+			fmt.Printf("SKIP: %s: %s\n", c.name, oneLine(se.reason))
+		} else if err != nil {
 			failed++
 			g.failed[c.name] = true
 			fmt.Printf("FAIL %s: %s\n", c.name, oneLine(err.Error()))
+		} else if g.passNote != "" {
+			fmt.Printf("PASS %s: %s\n", c.name, g.passNote)
 		} else {
 			fmt.Printf("PASS %s\n", c.name)
 		}
 		fmt.Printf("     (%s, %v)\n", c.name, d)
 	}
-	fmt.Printf("guest: %d checks failed; %v in all\n", failed, time.Since(t0).Round(time.Second))
+	fmt.Printf("guest: %d checks failed, %d skipped; %v in all\n", failed, skipped, time.Since(t0).Round(time.Second))
 	if failed > 0 {
 		os.Exit(1)
 	}
@@ -106,11 +129,15 @@ func runCheck(g *guest, c check) (err error) {
 	return c.run(g)
 }
 
-// needs fails when a check this one builds on failed.
+// needs fails when a check this one builds on failed, and skips when it
+// skipped (with its reason).
 func (g *guest) needs(names ...string) error {
 	for _, n := range names {
 		if g.failed[n] {
 			return fmt.Errorf("not run: %s failed", n)
+		}
+		if why, ok := g.skipped[n]; ok {
+			return skipf("%s skipped: %s", n, why)
 		}
 	}
 	return nil
@@ -123,7 +150,7 @@ func checks() []check {
 	cs = append(cs, setupChecks()...)
 	cs = append(cs, provisionChecks()...)
 	cs = append(cs, serveChecks()...)
-	cs = append(cs, cniChecks()...)
+	cs = append(cs, withRDMABytes(cniChecks())...)
 	cs = append(cs, evidenceChecks()...)
 	cs = append(cs, rdmaChecks()...)
 	cs = append(cs, benchChecks()...)
