@@ -17,7 +17,7 @@
 #
 # Usage (root): make e2e-vm-cluster   or   test/e2e-vm-cluster/run.sh
 # Env: WORK (default $REPO/.e2e-work, shared with make e2e-cluster and
-# make e2e-kernel), KERNEL_ABI, VM_MEM (MiB, 3072), VM_CPUS (1), VM_TIMEOUT
+# make e2e-kernel), KERNEL_ABI, VM_MEM (MiB, 2048), VM_CPUS (2), VM_TIMEOUT
 # (s, the whole run's guests, 2400).
 #
 # It starts the e2e control plane on the host's loopback (etcd, the API
@@ -427,11 +427,11 @@ deploy() {
 		data: {"config.json": ({periodicUpdateInterval: 300, resourceList: [{resourcePrefix: "mellanox.com",
 			resourceName: "mlnx_sriov_rdma", allocationPolicy: "spread",
 			selectors: {vendors: ["8086"], devices: ["10ca"], drivers: ["igbvf"]}}]} | tojson)}}' >"$dir/config.json"
-	jq -n --arg label "$POLICY_LABEL" --argjson vfs "$VFS" '{apiVersion: "v1", kind: "ConfigMap",
+	jq -n --arg sel "$POLICY_LABEL" --argjson vfs "$VFS" '{apiVersion: "v1", kind: "ConfigMap",
 		metadata: {name: "fastpath-policies", namespace: "fastpath"},
 		data: {"policies.yaml": ({apiVersion: "sriovnetwork.openshift.io/v1", kind: "SriovNetworkNodePolicy",
 			metadata: {name: "igb-wire", namespace: "sriov-network-operator"},
-			spec: {resourceName: "mlnx_sriov_rdma", nodeSelector: {($label): "true"}, priority: 90, numVfs: $vfs,
+			spec: {resourceName: "mlnx_sriov_rdma", nodeSelector: {($sel): "true"}, priority: 90, numVfs: $vfs,
 				nicSelector: {vendor: "8086", pfNames: ["wire0"]}, deviceType: "netdevice"}} | tojson)}}' >"$dir/policies.json"
 	write_overlay "$dir" "$rel" <<EOF
 images:
@@ -572,7 +572,8 @@ life() {
 	done
 	expect "whereabouts IPPool $RANGE empty with the job gone" "" "$(ippool_pods "$RANGE" | xargs)"
 	for n in "${VM_NODES[@]}"; do
-		expect "node $n: no sriov CNI state left" "" "$(vm "$n" 'ls /var/lib/cni/sriov 2>/dev/null | grep -v "^deleted-\|^lock\|\.lock$" | xargs')"
+		# Its tombstones (deleted-*.json: a DEL that found nothing) are no state.
+		expect "node $n: no sriov CNI state left" "" "$(vm "$n" 'ls -A /var/lib/cni/sriov 2>/dev/null | grep -v "^deleted-.*\.json$" | xargs')"
 	done
 }
 
