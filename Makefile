@@ -18,7 +18,7 @@ LDFLAGS  := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(RE
 # at start for a tracing page nothing serves.
 BUILDTAGS := grpcnotrace
 
-.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-cluster-scale e2e-kernel e2e-kernel-matrix e2e-kernel-boots bench-cni-kernel image-tar fixtures clean soak fuzz vulncheck
+.PHONY: all build cross portable test test-short quick lint fmt vet bench discover demo rdma-check e2e e2e-cluster e2e-cluster-scale e2e-kernel e2e-kernel-matrix e2e-kernel-boots e2e-vm-cluster bench-cni-kernel image-tar fixtures clean soak fuzz vulncheck
 
 all: lint build test
 
@@ -120,6 +120,16 @@ e2e-kernel-matrix:
 # setup and capture only: boots that ran to their end, panics.
 e2e-kernel-boots:
 	KERNEL=$(KERNEL) test/e2e-kernel/boots.sh
+
+# The seed's flow on two real nodes (root): two QEMU guests (TCG, Debian's
+# kernel, igb PFs on one wire between them), each a Kubernetes node of
+# its own (kubelet, containerd, runc, Multus, whereabouts in an initramfs)
+# joined to make e2e-cluster's control plane on the host; the shipped
+# DaemonSet with components/provision, the seed's NAD and one training pod
+# per node, traffic across the wire over real VFs. Not beside make
+# e2e-cluster (the same ports). See test/e2e-vm-cluster/README.md.
+e2e-vm-cluster:
+	test/e2e-vm-cluster/run.sh
 
 # Builds of the sriov CNI side by side in that guest: ADD, DEL and VERSION
 # p50 / p90 (BASE=REV adds a git revision's build, UPSTREAM=FILE another

@@ -5,7 +5,10 @@
 # Everything listens on 127.0.0.1 only, on ports preflight checks are free,
 # but the API server: it listens on the host's address on the node network
 # ($API_HOST, a bridge with no port but the two-node phase's nodes), where
-# the nodes' kubelets and pods reach it as the host's do.
+# the nodes' kubelets and pods reach it as the host's do. make
+# e2e-vm-cluster sets API_HOST (127.0.0.1, where QEMU's user-mode
+# networking takes the guests' 10.0.2.2), API_ADVERTISE and API_EXTRA_SANS
+# (more subjectAltNames of the serving certificate) after sourcing this.
 
 PKI=$RUN/pki
 KCFG=$RUN/kubeconfig
@@ -88,7 +91,7 @@ make_pki() {
 	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
 		-keyout "$PKI/ca.key" -out "$PKI/ca.crt" -subj "/CN=fastpath-e2e-ca" 2>/dev/null
 	cert apiserver kube-apiserver "" \
-		"IP:127.0.0.1,IP:$API_HOST,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" serverAuth
+		"IP:127.0.0.1,IP:$API_HOST,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc${API_EXTRA_SANS:+,$API_EXTRA_SANS}" serverAuth
 	cert admin kubernetes-admin system:masters
 	cert controller-manager system:kube-controller-manager
 	cert scheduler system:kube-scheduler
@@ -116,7 +119,7 @@ start_apiserver() {
 	# --endpoint-reconciler-type=none: the kubernetes Service's endpoint
 	# would be the API server's address; nothing here uses it.
 	start kube-apiserver "$WORK/bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-		--bind-address "$API_HOST" --advertise-address "$API_HOST" --secure-port "$API_PORT" \
+		--bind-address "$API_HOST" --advertise-address "${API_ADVERTISE:-$API_HOST}" --secure-port "$API_PORT" \
 		--cert-dir "$RUN/apiserver" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
 		--client-ca-file "$PKI/ca.crt" --authorization-mode Node,RBAC \
 		--service-account-issuer https://kubernetes.default.svc.cluster.local \
