@@ -171,13 +171,18 @@ func (s *Store) refuseDeleted(log *slog.Logger, network string, args *skel.CmdAr
 	return nil
 }
 
-// sweepTombstones removes tombstones older than tombstoneTTL (by their
+// sweepTombstones removes attachment locks killed calls left
+// (sweepAttachLock), tombstones older than tombstoneTTL (by their
 // files' mtime: one lstat each, no read), and, when valid is not nil,
 // those of network whose attachment valid does not name (GC), with the
 // attachment's lock: one whose lock is held is left for next time, its
 // ADD or DEL is running. An old tombstone refuses no ADD, so it goes
 // without the lock.
 func (s *Store) sweepTombstones(network string, valid map[types.GCAttachment]bool, now time.Time) {
+	locks, _ := filepath.Glob(filepath.Join(s.dir, "attach-*.lock"))
+	for _, path := range locks {
+		s.sweepAttachLock(path, now)
+	}
 	paths, err := filepath.Glob(filepath.Join(s.dir, "deleted-*.json"))
 	if err != nil {
 		return
@@ -236,6 +241,26 @@ func (p *Plugin) lockAttachmentFor(cmd string, store *Store, network string, arg
 		return nil, fail(types.ErrTryAgainLater, "", "ADD", fmt.Errorf("another ADD or DEL of this attachment is still running after %v: nothing changed: %w", AttachLockTimeout, err))
 	}
 	return nil, fail(types.ErrIOFailure, "", "lock attachment", err)
+}
+
+// sweepAttachLock removes the attachment lock file path when it is older
+// than AttachLockTimeout (its mtime: when it was made) and nobody holds
+// it: a killed call's. Measured in make e2e-cluster's scale phase: a DEL
+// killed while waiting for whereabouts left one, and no later call of its
+// attachment came to remove it. Removing a lock file nobody holds is safe
+// whenever it happens: a caller that opened it before and locks it after
+// sees it unlinked and makes a new one (Store.flock).
+func (s *Store) sweepAttachLock(path string, now time.Time) {
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.Mode().IsRegular() || now.Sub(fi.ModTime()) < AttachLockTimeout {
+		return
+	}
+	f, err := s.flock("attachment lock", path, 0, nil)
+	if err != nil {
+		return // held: its ADD or DEL is running
+	}
+	(&attachLock{f: f}).Unlock()
+	s.log.Debug("attachment lock a killed call left removed", "path", path)
 }
 
 // tombstoneIfDetached writes, for DEL with the attachment lock held, the

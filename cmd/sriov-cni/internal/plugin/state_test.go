@@ -271,3 +271,38 @@ func TestSweepClearsLeftovers(t *testing.T) {
 	_, err = os.Stat(filepath.Join(s.dir, ".0000:18:00.5.json.tmp-7"))
 	require.ErrorIs(t, err, fs.ErrNotExist)
 }
+
+// An attachment lock a killed ADD or DEL left goes with the next sweep
+// (Sweep, and every DEL that finds no attachment) once older than
+// AttachLockTimeout; a held one, or a young one (a call between its open
+// and its flock), stays.
+func TestSweepRemovesStaleAttachmentLocks(t *testing.T) {
+	for name, sweep := range map[string]func(*Store){
+		"Sweep":           func(s *Store) { s.Sweep() },
+		"sweepTombstones": func(s *Store) { s.sweepTombstones("", nil, time.Now()) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newStore(t)
+			old := time.Now().Add(-2 * AttachLockTimeout)
+			stale := filepath.Join(s.dir, "attach-aaaa.lock")
+			young := filepath.Join(s.dir, "attach-bbbb.lock")
+			heldPath := filepath.Join(s.dir, "attach-cccc.lock")
+			for _, p := range []string{stale, young, heldPath} {
+				write(t, p, nil)
+			}
+			require.NoError(t, os.Chtimes(stale, old, old))
+			require.NoError(t, os.Chtimes(heldPath, old, old))
+			held, err := s.flock("attachment lock", heldPath, time.Second, nil)
+			require.NoError(t, err)
+			defer held.Close()
+
+			sweep(s)
+			_, err = os.Lstat(stale)
+			require.ErrorIs(t, err, fs.ErrNotExist, "the killed call's lock is removed")
+			_, err = os.Lstat(young)
+			require.NoError(t, err, "a young lock stays")
+			_, err = os.Lstat(heldPath)
+			require.NoError(t, err, "a held lock stays")
+		})
+	}
+}

@@ -356,17 +356,23 @@ func unpinIfEmpty(log *slog.Logger, path string) error {
 
 // Sweep clears what killed calls left for VFs that have no state: their
 // temporaries, empty pinned namespaces and lock files. A VF whose lock is
-// held is busy, not stale, and is skipped.
+// held is busy, not stale, and is skipped. Attachment locks that a killed
+// ADD or DEL left (an flock goes with its holder, its file stays) go too
+// once older than AttachLockTimeout and not held (sweepAttachLock).
 func (s *Store) Sweep() {
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
 		return
 	}
+	now := time.Now()
 	seen := map[string]bool{}
 	for _, e := range ents {
 		n := e.Name()
 		var vf string
 		switch {
+		case strings.HasPrefix(n, "attach-") && strings.HasSuffix(n, ".lock"):
+			s.sweepAttachLock(filepath.Join(s.dir, n), now)
+			continue
 		case strings.HasSuffix(n, ".lock"):
 			vf = strings.TrimSuffix(n, ".lock")
 		case strings.HasSuffix(n, ".netns"):
