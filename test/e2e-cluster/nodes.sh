@@ -300,7 +300,10 @@ nodes_kubelet_running() {
 # them, and the pods' netns bind-mounted there), the netns, the nodes'
 # cgroup roots. Their Nodes stay in the API server.
 node_down() {
-	local n d pid id rroot
+	# Best effort, as cleanup is, also when called from a phase under set -e
+	# (wait returns the killed init's 137).
+	local - n d pid id rroot
+	set +e
 	for n in "$@"; do stop "kubelet-$n"; done
 	for n in "$@"; do
 		stop "kernel-standin-$n"
