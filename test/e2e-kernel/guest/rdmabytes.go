@@ -202,8 +202,8 @@ func (g *guest) rdmaPods(rb *rdmaBytes) error {
 			if err != nil {
 				return fmt.Errorf("DEL of the pods, their rxe devices still there: %w", err)
 			}
-			return skipf("kernel %s: rdma_rxe is not netns-aware (no UDP socket on port %d in %s, whose net1 %s is over: RC traffic between pods flushes); DEL with the soft devices brought both VFs home",
-				kernelRelease(), rocePort, rp.p.name, rp.rxe)
+			return skipf("kernel %s: rdma_rxe is not netns-aware (%s over %s's net1 is ACTIVE, but no UDP socket on port %d is in that netns: rxe's socket lives in the initial one, and RC traffic between pods flushes); DEL with the soft devices there brought both VFs home",
+				kernelRelease(), rp.rxe, rp.p.name, rocePort)
 		}
 	}
 	// both pods reach each other over the wire (VLAN, MTU) before verbs
