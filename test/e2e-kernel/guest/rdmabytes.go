@@ -437,9 +437,10 @@ func (rb *rdmaBytes) writeBW() (string, error) {
 	if _, err := roceV2GID(rb.b.rxe, rb.b.ip); err != nil {
 		return "", err
 	}
-	// 100 writes of 64 KiB: 7 s at the 0.9 MB/s of a load of 15, and
-	// within the bound at a load of 55 (300 took longer than 3 minutes)
-	args := []string{"/usr/bin/ib_write_bw", "-R", "-F", "-s", "65536", "-n", "100"}
+	// 100 writes of 64 KiB: 7 s at the 0.9 MB/s of a load of 15. At a
+	// load of 55 the guest stalls longer than RC's ACK timeout (14: 67 ms)
+	// times 7 retries and the QP failed (completer_retry_err): -u 20, 4.3 s
+	args := []string{"/usr/bin/ib_write_bw", "-R", "-F", "-s", "65536", "-n", "100", "-u", "20"}
 	sout, cout, err := rb.serverAndClient(5*time.Minute,
 		append(args, "-d", rb.a.rxe),
 		append(args, "-d", rb.b.rxe, rb.a.ip))
