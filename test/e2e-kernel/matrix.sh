@@ -2,7 +2,7 @@
 # make e2e-kernel-matrix: make e2e-kernel on every kernel kernel.sh knows
 # (5.10, 6.1, 6.12, 7.3), one after the other, then one table: kernel,
 # passed, failed, skipped, seconds. Exits 1 when any kernel had a failed
-# check or a guest that died. KERNELS="6.12 7.3" runs a subset.
+# check or a guest that died. MATRIX_KERNELS="6.12 7.3" runs a subset.
 #
 # Usage: test/e2e-kernel/matrix.sh   (as root; WORK and run.sh's variables)
 set -uo pipefail
