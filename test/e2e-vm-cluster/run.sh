@@ -271,7 +271,7 @@ vm_stop() {
 	rm -f "$f"
 }
 vm_running() { [[ -f $RUN/pids/vm-$1 ]] && kill -0 "$(<"$RUN/pids/vm-$1")" 2>/dev/null; }
-vm_answers() { [[ $(vm_exec "$1" 'echo ok') == ok ]]; }
+vm_answers() { [[ $(VM_EXEC_TIMEOUT=10 vm_exec "$1" 'echo ok') == ok ]]; }
 # vm_mark N WHAT prints the guest's uptime at its console marker.
 vm_mark() { sed -n "s/^VM-NODE $2.* uptime=\([0-9.]*\).*/\1/p" "$RUN/logs/vm-$1.console" | head -1; }
 vm_uptime() { vm "$1" "cut -d' ' -f1 /proc/uptime"; }
