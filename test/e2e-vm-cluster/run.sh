@@ -202,7 +202,7 @@ EOF
 # 255 when the node did not answer within VM_EXEC_TIMEOUT (120 s).
 vm_exec() {
 	local n=$1 script=$2 id=$RANDOM$RANDOM line out="" rc="" fd
-	exec {fd}<>"/dev/tcp/127.0.0.1/$(vm_port "$n")" 2>/dev/null || return 255
+	{ exec {fd}<>"/dev/tcp/127.0.0.1/$(vm_port "$n")"; } 2>/dev/null || return 255
 	printf '%s %s\n' "$id" "$(printf '%s' "$script" | base64 -w0)" >&"$fd"
 	while IFS= read -r -t "${VM_EXEC_TIMEOUT:-120}" line <&"$fd"; do
 		if [[ $line == "@@END $id "* ]]; then
@@ -271,7 +271,7 @@ vm_stop() {
 	rm -f "$f"
 }
 vm_running() { [[ -f $RUN/pids/vm-$1 ]] && kill -0 "$(<"$RUN/pids/vm-$1")" 2>/dev/null; }
-vm_answers() { [[ $(vm_exec "$1" 'echo ok') == ok ]]; }
+vm_answers() { [[ $(VM_EXEC_TIMEOUT=10 vm_exec "$1" 'echo ok') == ok ]]; }
 # vm_mark N WHAT prints the guest's uptime at its console marker.
 vm_mark() { sed -n "s/^VM-NODE $2.* uptime=\([0-9.]*\).*/\1/p" "$RUN/logs/vm-$1.console" | head -1; }
 vm_uptime() { vm "$1" "cut -d' ' -f1 /proc/uptime"; }
@@ -385,9 +385,6 @@ TIMES=()
 nodes_up() {
 	phase "two VM nodes: boot, join, Ready"
 	local n t
-	vm_boot a
-	wait_for 60 "node a's wire socket" test -S "$RUN/wire.sock" || true
-	vm_boot b
 	for n in "${VM_NODES[@]}"; do
 		require "node $n: booted, containerd up, images imported, control port answers" 600 vm_answers "$n"
 	done
@@ -537,12 +534,17 @@ EOF
 # ping_across ADDR_A ADDR_B: each pod pings the other over net1, VF to VF
 # across the wire.
 ping_across() {
+	local n
+	for n in "${VM_NODES[@]}"; do
+		wait_for 60 "pod $n: net1 has carrier (igbvf's link comes up a moment after it moves)" net1_carrier "$n" || true
+	done
 	check "traffic across the nodes: pod a (net1, VF on a's PF) pings pod b's $2 over the wire" \
 		vm a "nsenter -t \$(vmnode task-pid default $(seed_pod a) nccl) -n ping -c 3 -W 5 -I net1 $2"
 	check "traffic across the nodes: pod b pings pod a's $1" \
 		vm b "nsenter -t \$(vmnode task-pid default $(seed_pod b) nccl) -n ping -c 3 -W 5 -I net1 $1"
 }
 
+net1_carrier() { [[ $(vm "$1" "cat /proc/\$(vmnode task-pid default $(seed_pod "$1") nccl)/root/sys/class/net/net1/carrier") == 1 ]]; }
 # keeps_vf N: pod N still has its VF as net1 with its address.
 keeps_vf() { [[ $(vm "$1" vmnode net1 "$(pod_pid "$1")") == "$(<"$RUN/pod-$1")" ]]; }
 
@@ -646,6 +648,11 @@ main() {
 	mkdir -p "$RUN/logs"
 	trap on_exit_vm EXIT
 	trap 'exit 130' INT TERM
+	# The guests boot while the control plane starts (they need it only
+	# when their kubelets start).
+	vm_boot a
+	wait_for 60 "node a's wire socket" test -S "$RUN/wire.sock" || true
+	vm_boot b
 	make_pki
 	start_etcd
 	start_apiserver
