@@ -155,3 +155,14 @@ kernel_has_module() {
 	local re="/${1//[-_]/[-_]}\.ko(\.xz|\.zst|\.gz)?"
 	grep -qE "$re:" "$KERNEL_MODDIR/modules.dep" || grep -qE "$re\$" "$KERNEL_MODDIR/modules.builtin" 2>/dev/null
 }
+
+# copy_with_libs copies an executable and the libraries ldd names into
+# $ROOT (the initramfs being made; make e2e-kernel's and make
+# e2e-vm-cluster's guests).
+copy_with_libs() {
+	local f=$1 l
+	install -D -m 0755 "$f" "$ROOT$f"
+	for l in $(ldd "$f" 2>/dev/null | grep -o '/[^ ]*' | sort -u); do
+		[[ -e $ROOT$l ]] || install -D -m 0755 "$(readlink -f "$l")" "$ROOT$l"
+	done
+}

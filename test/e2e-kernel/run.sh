@@ -136,15 +136,6 @@ build_go() {
 	log "go build: $(($(date +%s) - t))s"
 }
 
-# copy_with_libs copies an executable and the libraries ldd names into $ROOT.
-copy_with_libs() {
-	local f=$1 l
-	install -D -m 0755 "$f" "$ROOT$f"
-	for l in $(ldd "$f" 2>/dev/null | grep -o '/[^ ]*' | sort -u); do
-		[[ -e $ROOT$l ]] || install -D -m 0755 "$(readlink -f "$l")" "$ROOT$l"
-	done
-}
-
 # module_paths prints the modules' files and their dependencies, in
 # modules.dep's relative form.
 # A module built into the kernel has no file: it is left out, and named in

@@ -17,7 +17,7 @@
 #
 # Usage (root): make e2e-vm-cluster   or   test/e2e-vm-cluster/run.sh
 # Env: WORK (default $REPO/.e2e-work, shared with make e2e-cluster and
-# make e2e-kernel), KERNEL_ABI, VM_MEM (MiB, 2048), VM_CPUS (2), VM_TIMEOUT
+# make e2e-kernel), KERNEL (6.12; 5.10, 6.1, 7.3), VM_MEM (MiB, 2048), VM_CPUS (2), VM_TIMEOUT
 # (s, the whole run's guests, 2400).
 #
 # It starts the e2e control plane on the host's loopback (etcd, the API
@@ -41,7 +41,10 @@ GUEST_API=https://$GUEST_HOST:$API_PORT
 GUEST_IP=10.0.2.15 # each guest's own address on its management NIC
 
 VM=$WORK/vm
-KERNEL_ABI=${KERNEL_ABI:-6.12.95+deb12-amd64}
+# The guest kernel, one of test/e2e-kernel/kernel.sh's (KERNEL_ABI and
+# KERNEL_PKG_VERSION from the environment win, as in make e2e-kernel).
+source "$VMC_DIR/../e2e-kernel/kernel.sh"
+kernel_select "${KERNEL:-$KERNEL_DEFAULT}" || exit 2
 VM_MEM=${VM_MEM:-2048}
 VM_CPUS=${VM_CPUS:-2}
 VM_TIMEOUT=${VM_TIMEOUT:-2400}
@@ -61,34 +64,12 @@ vm_port() { local v=VM_CTL_PORT_$1; echo "${!v}"; }
 
 # ------------------------------------------------------------ the guests' image
 
-# kernel_dir finds the guest kernel: make e2e-kernel's unpacked package
-# ($WORK/kernel, read only), else one fetched here into $VM.
+# kernel_dir fetches (or finds in make e2e-kernel's cache, $WORK/kernel)
+# the guest kernel KERNEL through test/e2e-kernel/kernel.sh, which handles
+# each kernel's packaging; copy_with_libs is that file's too.
 kernel_dir() {
-	local d
-	for d in "$WORK/kernel/linux-$KERNEL_ABI" "$VM/linux-$KERNEL_ABI"; do
-		if [[ -f $d/stamp && -f $d/boot/vmlinuz-$KERNEL_ABI ]]; then
-			KDIR=$d
-			return 0
-		fi
-	done
-	KDIR=$VM/linux-$KERNEL_ABI
-	local dl=$VM/dl
-	rm -rf "$dl" "$KDIR" && mkdir -p "$dl" "$KDIR"
-	log "fetching linux-image-$KERNEL_ABI (apt-get download)"
-	(cd "$dl" && apt-get download -o APT::Sandbox::User=root "linux-image-$KERNEL_ABI" >&2) ||
-		return 1
-	dpkg-deb -x "$dl"/linux-image-*.deb "$KDIR"
-	depmod -b "$KDIR" "$KERNEL_ABI"
-	basename "$dl"/linux-image-*.deb >"$KDIR/stamp"
-	rm -rf "$dl"
-}
-
-copy_with_libs() {
-	local f=$1 l
-	install -D -m 0755 "$f" "$ROOT$f"
-	for l in $(ldd "$f" 2>/dev/null | grep -o '/[^ ]*' | sort -u); do
-		[[ -e $ROOT$l ]] || install -D -m 0755 "$(readlink -f "$l")" "$ROOT$l"
-	done
+	kernel_fetch "$WORK/kernel"
+	[[ -f ${KERNEL_VMLINUZ:-} ]]
 }
 
 # guest_containerd_config: containerd as make e2e-cluster runs it, on the
@@ -237,7 +218,7 @@ vm_boot() {
 		qemu-system-x86_64 -accel tcg -cpu max -smp "$VM_CPUS" -m "$VM_MEM"
 		-machine q35 -display none -no-reboot -monitor none
 		-serial "file:$RUN/logs/vm-$n.console"
-		-kernel "$KDIR/boot/vmlinuz-$KERNEL_ABI" -initrd "$INITRD"
+		-kernel "$KERNEL_VMLINUZ" -initrd "$INITRD"
 		-append "console=ttyS0 panic=-1 loglevel=4 fp_node=$(vm_name "$n")"
 		-netdev "stream,id=wire,$wire,addr.type=unix,addr.path=$RUN/wire.sock"
 		-device pcie-root-port,id=rp1,chassis=1,slot=1 -device "igb,netdev=wire,bus=rp1,mac=52:54:00:e2:0$i:02"
