@@ -56,7 +56,7 @@ for ((i = 0; i < TN_RAILS; i++)); do SC_RAIL_NADS+=("sriov-rail-$i"); done
 # ------------------------------------------------------------ the phase
 
 test_scale() {
-	phase "scale: $SC_N DGX-like nodes, $SC_VFS VFs each from the shipped policy, the seed's job × $SC_PODS, churn ($SC_CYCLES cycles), faults"
+	phase "scale: $SC_N DGX-like nodes, $SC_VFS VFs each from the shipped policy, the seed's job × $SC_PODS; steps $SC_STEPS (churn: $SC_CYCLES cycles)"
 	local t0
 	t0=$(date +%s.%N)
 	SC_DIR=$RUN/scale
