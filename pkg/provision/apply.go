@@ -86,29 +86,17 @@ func FoundDir(stateDir string) string { return filepath.Join(stateDir, "found") 
 // directory has none. A record that does not decode is an error: its PF's
 // count would be a guess.
 func LoadFound(stateDir string) (map[string]Found, error) {
-	dir := FoundDir(stateDir)
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("provision state %s: %w", dir, err)
-	}
 	out := map[string]Found{}
-	for _, e := range ents {
-		addr, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !pci.ValidAddress(addr) || !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			return nil, fmt.Errorf("provision state %s: %w", e.Name(), err)
-		}
+	ok, err := readPFFiles(FoundDir(stateDir), func(addr, path string, b []byte) error {
 		var f Found
 		if err := json.Unmarshal(b, &f); err != nil || f.PF != addr {
-			return nil, fmt.Errorf("provision state %s: not a record of what PF %s had (%v): read it, set the PF's sriov_numvfs yourself, and remove the file", filepath.Join(dir, e.Name()), addr, err)
+			return fmt.Errorf("provision state %s: not a record of what PF %s had (%v): read it, set the PF's sriov_numvfs yourself, and remove the file", path, addr, err)
 		}
 		out[addr] = f
+		return nil
+	})
+	if !ok || err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -123,31 +111,48 @@ func RemoveFound(stateDir, pf string) error {
 
 // LoadRecords reads the records in dir; a missing dir has none.
 func LoadRecords(dir string) (map[string]Record, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("provision state %s: %w", dir, err)
-	}
 	out := map[string]Record{}
-	for _, e := range ents {
-		addr, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !pci.ValidAddress(addr) || !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			return nil, fmt.Errorf("provision state %s: %w", e.Name(), err)
-		}
+	ok, err := readPFFiles(dir, func(addr, _ string, b []byte) error {
 		var r Record
 		if err := json.Unmarshal(b, &r); err != nil || r.PF != addr {
 			// A torn record still names its PF by file name.
 			r = Record{PF: addr}
 		}
 		out[addr] = r
+		return nil
+	})
+	if !ok || err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// readPFFiles hands each regular file <pci address>.json in dir, its path
+// and its bytes to each (LoadRecords, LoadFound); other names are skipped.
+// A missing dir has none: false.
+func readPFFiles(dir string, each func(addr, path string, b []byte) error) (bool, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("provision state %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		addr, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !pci.ValidAddress(addr) || !e.Type().IsRegular() {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return true, fmt.Errorf("provision state %s: %w", e.Name(), err)
+		}
+		if err := each(addr, path, b); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
 }
 
 // Applier carries plans out.
