@@ -94,6 +94,12 @@ sc_nodes_up() {
 		log "the two-node phase's node $n taken down, its Node deleted"
 	done
 	node_netns | grep -qx "$FABRIC_NS" || fabric_up
+	# The kernel tears a deleted netns down later, from a workqueue: the
+	# two-node phase's fabric ports (their peers in its nodes' netns) can
+	# outlive `ip netns delete` by seconds on a loaded machine (CI counted
+	# 8 of them once). They are deleted here, and none may be left.
+	sc_fabric_foreign | while read -r k; do ip -n "$FABRIC_NS" link del "$k" 2>/dev/null; done
+	require "fabric: no port of the two-node phase's nodes left" 30 sc_fabric_clean
 	grep -o '"ibp[0-9]*s0"' "$REPO/deployments/components/provision/policies.yaml" | tr -d '"' |
 		awk '{ p = $1; sub(/^ib/, "", p); print $1, "s" p }' >"$SC_DIR/pf-standins"
 	for n in "${SC_NODES[@]}"; do
@@ -115,6 +121,15 @@ sc_nodes_up() {
 		require "node $n: allocatable $GPU = $SC_GPUS (capacity PATCHed on the Node's status)" 30 sc_gpus_is "$n" "$SC_GPUS"
 	done
 }
+
+# sc_fabric_foreign prints the fabric's ports that are not the scale
+# nodes' (every port is named NODE-PEER by fabric_attach or
+# node_vf_standins).
+sc_fabric_foreign() {
+	ip -n "$FABRIC_NS" -o link show master "$FABRIC_BRIDGE" | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' |
+		grep -Ev "^($(IFS='|'; echo "${SC_NODES[*]}"))-" || true
+}
+sc_fabric_clean() { [[ -z $(sc_fabric_foreign) ]]; }
 
 # sc_advertise_gpus N advertises SC_GPUS GPUs on node N as the Kubernetes
 # docs' "Advertise Extended Resources for a Node" does: a JSON-Patch of
