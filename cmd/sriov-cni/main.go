@@ -7,6 +7,8 @@ package main
 
 import (
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
@@ -15,6 +17,16 @@ import (
 )
 
 func main() {
+	// A runtime whose call timed out kills the delegating plugin (Multus
+	// thin), which read this plugin's stdout and stderr through pipes; this
+	// plugin goes on, orphaned. Go's default for a write to a broken pipe
+	// on fd 1 or 2 is death by SIGPIPE, which skips every deferred unlock:
+	// measured in make e2e-cluster's scale phase, a DEL that waited a
+	// minute for whereabouts died copying whereabouts' stderr, leaving its
+	// VF's and its attachment's lock files. Ignored, the write fails with
+	// EPIPE (the log line is lost, nobody could read it) and the call
+	// finishes its work (orphan_test.go).
+	signal.Ignore(syscall.SIGPIPE)
 	// The plugin refuses the host netns as CNI_NETNS itself, before ADD
 	// changes anything; skel's own check runs only after ADD (a second
 	// JSON document on stdout, the VF already renamed on the host) and

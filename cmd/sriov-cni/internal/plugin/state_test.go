@@ -273,7 +273,7 @@ func TestSweepClearsLeftovers(t *testing.T) {
 }
 
 // An attachment lock a killed ADD or DEL left goes with the next sweep
-// (Sweep, and every DEL that finds no attachment) once older than
+// (Sweep, which every DEL runs, and sweepTombstones) once older than
 // AttachLockTimeout; a held one, or a young one (a call between its open
 // and its flock), stays.
 func TestSweepRemovesStaleAttachmentLocks(t *testing.T) {

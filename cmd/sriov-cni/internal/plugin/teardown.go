@@ -57,6 +57,11 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return err
 	}
 	defer alock.Unlock()
+	// Whatever this DEL finds, it clears what killed calls left on VFs
+	// with no attachment (Store.Sweep: their lock files, temporaries,
+	// empty pins), once nobody holds them; else only an ADD that takes
+	// such a VF again would.
+	defer store.Sweep()
 	p.tombstoneIfDetached(log, store, c, args)
 	vf := c.deviceID()
 	if vf == "" {
@@ -68,7 +73,6 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 				return p.detach(ctx, log, c, store, uc.DeviceID, args)
 			}
 			// Never attached, or detached already.
-			store.Sweep()
 			return p.releasePending(ctx, log, c, store, args, nil)
 		case err != nil:
 			return fail(types.ErrIOFailure, "", "read state", err)
