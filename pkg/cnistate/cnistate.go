@@ -255,8 +255,9 @@ func orDash(s string) string {
 // Leftover reports whether name, a file in the state dir, is one the
 // fastpath CNI writes beside the state files: a VF's lock (<pci>.lock),
 // its pinned netns (<pci>.netns), a state set aside (<pci>.json.bad), an
-// attachment's lock (attach-<key>.lock) and tombstone
-// (deleted-<key>.json), a pending address release (ipam-<key>.pending),
+// attachment's lock (attach-<key>.lock), tombstone (deleted-<key>.json)
+// and DEL request (deleting-<key>), a pending address release
+// (ipam-<key>.pending),
 // and the temporaries of its atomic writes (.<name>.tmp-*, a state file's
 // included). An uninstall
 // removes them once no VF is attached. Upstream sriov-cni's cache files in
@@ -273,7 +274,7 @@ func Leftover(name string) bool {
 			return true
 		}
 	}
-	for _, f := range [][2]string{{"attach-", ".lock"}, {"deleted-", ".json"}, {"ipam-", ".pending"}} {
+	for _, f := range [][2]string{{"attach-", ".lock"}, {"deleted-", ".json"}, {"deleting-", ""}, {"ipam-", ".pending"}} {
 		if key, ok := strings.CutPrefix(name, f[0]); ok {
 			if key, ok = strings.CutSuffix(key, f[1]); ok && isKey(key) {
 				return true

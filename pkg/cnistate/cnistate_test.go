@@ -80,6 +80,8 @@ func TestLeftover(t *testing.T) {
 		"attach-" + key + ".lock":         true,
 		"deleted-" + key + ".json":        true,
 		"ipam-" + key + ".pending":        true,
+		"deleting-" + key:                 true,
+		"deleting-" + key + ".x":          false,
 		".0000:18:00.1.json.tmp-123":      true,
 		".deleted-" + key + ".json.tmp-9": true,
 		"0000:18:00.1.json":               false, // an attachment: not a leftover

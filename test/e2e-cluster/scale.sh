@@ -638,19 +638,24 @@ sc_faults() {
 	expect "faults: no pod stuck, none Pending ${SC_RUNNING_BOUND}s after the burst (settled in $(elapsed "$t0")s; pending, running, other: $ph)" \
 		"ok" "$c"
 	# Pods the kubelet of $pnode admitted while its plugin was being
-	# replaced are refused (the device manager fails a pod whose devices
-	# are unhealthy at admission: UnexpectedAdmissionError, "no healthy
-	# devices present"): a bare pod stays Failed, a Job's is replaced. Any
+	# replaced, and those $knode's restarted kubelet admitted again before
+	# the plugin registered with it (it does within a second of the new
+	# kubelet.sock, but the kubelet admits the node's pods first), are
+	# refused: the device manager fails a pod whose devices are unhealthy
+	# or unknown at admission (UnexpectedAdmissionError, "no healthy
+	# devices present"). A bare pod stays Failed, a Job's is replaced. Any
 	# other pod not Running is a failure.
 	sc_pods_json "$prefix" >"$SC_DIR/$prefix-pods.json"
-	mapfile -t refused < <(jq -r --arg n "$(node_name "$pnode")" '.items[] | select(.status.phase == "Failed"
-		and .spec.nodeName == $n and .status.reason == "UnexpectedAdmissionError") | .metadata.name' "$SC_DIR/$prefix-pods.json")
-	pods=$(jq -r --arg n "$(node_name "$pnode")" '.items[] | select(.status.phase != "Running" and (.status.phase != "Failed"
-		or .spec.nodeName != $n or .status.reason != "UnexpectedAdmissionError"))
+	local nodes
+	nodes=$(jq -nc --arg p "$(node_name "$pnode")" --arg k "$(node_name "$knode")" '[$p, $k]')
+	mapfile -t refused < <(jq -r --argjson n "$nodes" '.items[] | select(.status.phase == "Failed"
+		and (.spec.nodeName as $s | $n | index($s)) and .status.reason == "UnexpectedAdmissionError") | .metadata.name' "$SC_DIR/$prefix-pods.json")
+	pods=$(jq -r --argjson n "$nodes" '.items[] | select(.status.phase != "Running" and (.status.phase != "Failed"
+		or (.spec.nodeName as $s | $n | index($s) | not) or .status.reason != "UnexpectedAdmissionError"))
 		| "\(.metadata.name) \(.spec.nodeName) \(.status.phase) \(.status.reason // "") \(.status.message // "" | .[:120])"' \
 		"$SC_DIR/$prefix-pods.json" | head -n 5 | paste -sd';')
-	log "faults: pods refused by node $pnode's kubelet while its plugin was replaced: ${#refused[@]} (${refused[*]})"
-	expect "faults: every pod not deleted Running, but those node $pnode's kubelet refused while its plugin was replaced (UnexpectedAdmissionError: ${#refused[@]})" \
+	log "faults: pods refused by node $pnode's kubelet while its plugin was replaced, or by node $knode's restarted kubelet before the plugin registered: ${#refused[@]} (${refused[*]})"
+	expect "faults: every pod not deleted Running, but those refused by node $pnode's kubelet (plugin replaced) or node $knode's (kubelet restarted) (UnexpectedAdmissionError: ${#refused[@]})" \
 		"" "$pods"
 	if ((${#refused[@]})); then
 		# Created again, as a Job's controller would: they run.

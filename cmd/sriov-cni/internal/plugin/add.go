@@ -59,7 +59,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	// From here to its return ADD holds its attachment's lock, and gives
 	// up if the attachment's DEL ran first (attachlock.go). What it did
 	// before changed nothing.
-	alock, err := p.lockAttachmentFor("add", store, c.Name, args)
+	alock, err := p.lockAttachmentFor(log, "add", store, c.Name, args)
 	if err != nil {
 		return err
 	}
@@ -84,6 +84,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 	log = log.With("vf", vf)
 
 	result, err := p.add(ctx, log, c, args, store, lock, vf)
+	if errors.Is(err, errDelArrived) {
+		store.settleDelRequest(log, c.Name, args, time.Now())
+		log.Warn("ADD undone: its DEL arrived while it ran", "err", err)
+		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf(
+			"container %s interface %s (network %q): %v; undone, nothing of it is left; "+
+				"the runtime gave up on this ADD and tears the sandbox down", args.ContainerID, args.IfName, c.Name, err), "")
+	}
 	if err != nil {
 		return err
 	}
@@ -209,6 +216,11 @@ func (p *Plugin) add(ctx context.Context, log *slog.Logger, c *NetConf, args *sk
 	res, err := p.apply(ctx, log, c, args, j, plan, host, pod, pfl, lock)
 	if err != nil {
 		return nil, err
+	}
+	if store.delRequested(c.Name, args) {
+		// Its DEL waits, or waited and gave up: undone (the deferred
+		// rollback), rather than left to a DEL that may never come.
+		return nil, errDelArrived
 	}
 	out, err := res.GetAsVersion(c.CNIVersion)
 	if err != nil {

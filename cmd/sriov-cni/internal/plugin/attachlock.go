@@ -14,6 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"golang.org/x/sys/unix"
 
 	"github.com/fastpath-k8s/fastpath/internal/atomicfile"
 )
@@ -44,6 +45,19 @@ import (
 //     changes nothing. Tombstones go when GC is told the attachment is
 //     not valid, and when older than tombstoneTTL, swept by every DEL that
 //     writes one.
+//
+//   - The DEL request, deleting-<key>, that a DEL which has to wait for
+//     the attachment's lock writes first. An ADD that runs on while its
+//     DEL waits (a slow IPAM plugin behind a slow API server takes a
+//     minute) checks for it once its steps are done: it undoes them, as a
+//     failed ADD does, leaves the tombstone, and is refused with code 3.
+//     So the VF comes home even when the DEL's own wait runs out first
+//     (measured in make e2e-cluster's scale phase: a kubelet restarted
+//     during a burst, containerd's cleanup DEL killed after 60 s with
+//     Multus, the orphaned ADD then attached the VF to a sandbox nobody
+//     would DEL again). The DEL, once it has the lock, removes the
+//     request; an ADD that takes the lock while one is there is refused
+//     as after a tombstone.
 //
 // An ADD of the attachment within tombstoneTTL of a DEL that found nothing
 // is thus refused: Kubernetes runtimes never do that (a new sandbox is a
@@ -76,6 +90,39 @@ func (s *Store) attachLockPath(network, containerID, ifName string) string {
 func (s *Store) tombstonePath(network, containerID, ifName string) string {
 	return filepath.Join(s.dir, "deleted-"+attachmentKey(network, containerID, ifName)+".json")
 }
+
+func (s *Store) delRequestPath(network, containerID, ifName string) string {
+	return filepath.Join(s.dir, "deleting-"+attachmentKey(network, containerID, ifName))
+}
+
+// requestDel records, for a DEL about to wait for the attachment's lock,
+// that the attachment is being deleted: its ADD, still running, undoes
+// itself when it sees it (delRequested).
+func (s *Store) requestDel(network string, args *skel.CmdArgs) error {
+	f, err := os.OpenFile(s.delRequestPath(network, args.ContainerID, args.IfName), os.O_WRONLY|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("DEL request: %w", err)
+	}
+	return f.Close()
+}
+
+// delRequested says whether a DEL of the attachment asked for it while
+// waiting for its lock.
+func (s *Store) delRequested(network string, args *skel.CmdArgs) bool {
+	_, err := os.Lstat(s.delRequestPath(network, args.ContainerID, args.IfName))
+	return err == nil
+}
+
+// clearDelRequest removes the attachment's DEL request.
+func (s *Store) clearDelRequest(network string, args *skel.CmdArgs) error {
+	if err := os.Remove(s.delRequestPath(network, args.ContainerID, args.IfName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("DEL request: %w", err)
+	}
+	return nil
+}
+
+// errDelArrived is an ADD that its DEL overtook while it ran: undone.
+var errDelArrived = errors.New("the DEL of this attachment arrived while this ADD ran")
 
 // attachLock is a held attachment lock.
 type attachLock struct{ f *os.File }
@@ -153,6 +200,15 @@ func (s *Store) loadTombstone(network, containerID, ifName string) (*tombstone, 
 // tombstoneTTL, or one that cannot be read, is removed and does not
 // refuse.
 func (s *Store) refuseDeleted(log *slog.Logger, network string, args *skel.CmdArgs, now time.Time) error {
+	if s.delRequested(network, args) {
+		// A DEL waited for this lock and gave up: it stands for the
+		// DEL's tombstone.
+		s.settleDelRequest(log, network, args, now)
+		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf(
+			"container %s interface %s (network %q) is being deleted (a DEL waited for this attachment) before this ADD took it: nothing changed; "+
+				"the runtime gave up on this ADD and tears the sandbox down, and a new sandbox has a new container ID",
+			args.ContainerID, args.IfName, network), "")
+	}
 	t, err := s.loadTombstone(network, args.ContainerID, args.IfName)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -171,6 +227,19 @@ func (s *Store) refuseDeleted(log *slog.Logger, network string, args *skel.CmdAr
 	return nil
 }
 
+// settleDelRequest turns the attachment's DEL request, which an ADD
+// honoured, into its tombstone: later ADDs of it are refused as after a
+// DEL that found nothing, and the DEL still waiting, if any, finds
+// nothing to undo.
+func (s *Store) settleDelRequest(log *slog.Logger, network string, args *skel.CmdArgs, now time.Time) {
+	if err := s.writeTombstone(network, args, now); err != nil {
+		log.Warn("DEL request honoured, but no tombstone written: an ADD of this attachment is not refused", "err", err)
+	}
+	if err := s.clearDelRequest(network, args); err != nil {
+		log.Warn("DEL request left", "err", err)
+	}
+}
+
 // sweepTombstones removes attachment locks killed calls left
 // (sweepAttachLock), tombstones older than tombstoneTTL (by their
 // files' mtime: one lstat each, no read), and, when valid is not nil,
@@ -182,6 +251,14 @@ func (s *Store) sweepTombstones(network string, valid map[types.GCAttachment]boo
 	locks, _ := filepath.Glob(filepath.Join(s.dir, "attach-*.lock"))
 	for _, path := range locks {
 		s.sweepAttachLock(path, now)
+	}
+	reqs, _ := filepath.Glob(filepath.Join(s.dir, "deleting-*"))
+	for _, path := range reqs {
+		// A DEL request whose ADD and DEL both died: after a
+		// tombstone's time it refuses nothing any more.
+		if fi, err := os.Lstat(path); err == nil && now.Sub(fi.ModTime()) >= tombstoneTTL {
+			_ = os.Remove(path)
+		}
 	}
 	paths, err := filepath.Glob(filepath.Join(s.dir, "deleted-*.json"))
 	if err != nil {
@@ -230,15 +307,29 @@ func (s *Store) sweepTombstones(network string, valid map[types.GCAttachment]boo
 
 // lockAttachmentFor takes the attachment lock for ADD or DEL (cmd) and
 // maps its failures to what the runtime is told.
-func (p *Plugin) lockAttachmentFor(cmd string, store *Store, network string, args *skel.CmdArgs) (*attachLock, error) {
-	l, err := store.lockAttachment(network, args, AttachLockTimeout, func() { p.point(cmd + ":waiting") })
+func (p *Plugin) lockAttachmentFor(log *slog.Logger, cmd string, store *Store, network string, args *skel.CmdArgs) (*attachLock, error) {
+	wait := p.attachWait
+	if wait == 0 {
+		wait = AttachLockTimeout
+	}
+	busy := func() {
+		if cmd == "del" {
+			// Before waiting: the ADD that holds the lock undoes itself
+			// when it sees this, even if this wait runs out first.
+			if err := store.requestDel(network, args); err != nil {
+				log.Warn("DEL waits for its ADD without telling it; the ADD completes and this DEL undoes it", "err", err)
+			}
+		}
+		p.point(cmd + ":waiting")
+	}
+	l, err := store.lockAttachment(network, args, wait, busy)
 	switch {
 	case err == nil:
 		return l, nil
 	case errors.Is(err, errAttachBusy) && cmd == "del":
-		return nil, fail(types.ErrTryAgainLater, "", "DEL", fmt.Errorf("the ADD of this attachment is still running after %v: nothing changed; retry the DEL, which then undoes what the ADD made: %w", AttachLockTimeout, err))
+		return nil, fail(types.ErrTryAgainLater, "", "DEL", fmt.Errorf("the ADD of this attachment is still running after %v: it undoes itself when its steps are done; retry the DEL to make sure: %w", wait, err))
 	case errors.Is(err, errAttachBusy):
-		return nil, fail(types.ErrTryAgainLater, "", "ADD", fmt.Errorf("another ADD or DEL of this attachment is still running after %v: nothing changed: %w", AttachLockTimeout, err))
+		return nil, fail(types.ErrTryAgainLater, "", "ADD", fmt.Errorf("another ADD or DEL of this attachment is still running after %v: nothing changed: %w", wait, err))
 	}
 	return nil, fail(types.ErrIOFailure, "", "lock attachment", err)
 }

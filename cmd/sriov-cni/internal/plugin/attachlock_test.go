@@ -64,10 +64,14 @@ func (u *unit) requireEmptyStateDir() {
 
 // An ADD and a DEL of one attachment side by side, as when a runtime's
 // timeout kills Multus and not the plugin (issue 46): the DEL issued at
-// each of ADD's step boundaries, in-process with its own goroutine, waits
-// for the ADD and then undoes what it made; so does it when the ADD is
-// killed there. Either way, once both have returned, the VF's settings
-// are as found, no address, no device-info file, no state, no tombstone.
+// each of ADD's step boundaries, in-process with its own goroutine, asks
+// for the attachment (its DEL request) and waits for the ADD; the ADD,
+// seeing the request once its steps are done, undoes them and is refused
+// with code 3; the DEL then finds nothing. When the ADD is killed there
+// instead, the DEL undoes what its journal says it made. Either way, once
+// both have returned, the VF's settings are as found, no address, no
+// device-info file, no state, no DEL request; a tombstone only where the
+// DEL found nothing (GC removes it).
 //
 // The DEL's conf names the VF (deviceID, as Multus passes it) or does not
 // (the DEL finds the attachment by its state): without the attachment
@@ -124,7 +128,11 @@ func TestAddDelEveryOrder(t *testing.T) {
 				if kill {
 					require.Equal(t, point, at)
 				} else {
-					require.NoError(t, addErr, "ADD")
+					require.Error(t, addErr, "ADD whose DEL waited")
+					ce := CNIError(addErr)
+					require.Equal(t, uint(types.ErrUnknownContainer), ce.Code, "ADD whose DEL waited: %v", addErr)
+					require.Contains(t, ce.Msg, "arrived while this ADD ran")
+					require.Contains(t, ce.Msg, "undone")
 				}
 				select {
 				case err := <-delDone:
@@ -133,9 +141,9 @@ func TestAddDelEveryOrder(t *testing.T) {
 					t.Fatal("DEL did not return in 10s after its ADD")
 				}
 				u.requireClean()
-				if kill && point == "add:locked" {
-					// Killed before its journal: nothing to find, as
-					// if the DEL had come first.
+				if !kill || point == "add:locked" {
+					// Undone by the ADD, or killed before its journal:
+					// nothing to find, as if the DEL had come first.
 					require.Len(t, u.tombstones(), 1)
 					u.gcNone()
 				}
@@ -144,6 +152,75 @@ func TestAddDelEveryOrder(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A DEL whose wait for its ADD runs out first, as when the ADD's IPAM
+// plugin waits a minute for a slow API server and the runtime kills the
+// DEL's parent meanwhile: the DEL fails with code 11 having changed
+// nothing, but its request stays, and the ADD, once its steps are done,
+// undoes them and is refused with code 3. Nothing is left for a DEL that
+// may never come; the runtime's retried DEL finds nothing. Found in make
+// e2e-cluster's scale phase (a kubelet restarted during a burst).
+func TestAddUndoneWhenItsDelGaveUp(t *testing.T) {
+	for _, point := range addPoints {
+		t.Run(point, func(t *testing.T) {
+			u := newUnit(t)
+			u.p.Stderr = &syncBuffer{buf: &u.log}
+			u.p.attachWait = 100 * time.Millisecond
+			conf := u.conf(allSettings)
+			var delErr error
+			fired := false
+			u.p.failpoint = func(at string) {
+				if at == point && !fired {
+					fired = true
+					delErr = u.del(conf, "c1") // waits 100 ms, gives up
+				}
+			}
+			_, addErr := u.add(conf, "c1")
+			require.True(t, fired, "ADD reached %s", point)
+			require.Error(t, delErr, "DEL that gave up waiting")
+			require.Equal(t, uint(types.ErrTryAgainLater), CNIError(delErr).Code, "%v", delErr)
+			require.Contains(t, CNIError(delErr).Msg, "undoes itself")
+			require.Error(t, addErr, "ADD whose DEL gave up")
+			ce := CNIError(addErr)
+			require.Equal(t, uint(types.ErrUnknownContainer), ce.Code, "%v", addErr)
+			u.requireClean()
+			require.Len(t, u.tombstones(), 1, "the request became the tombstone")
+			u.p.failpoint = nil
+			require.NoError(t, u.del(conf, "c1"), "the runtime's retried DEL")
+			_, err := u.add(conf, "c1")
+			require.Equal(t, uint(types.ErrUnknownContainer), CNIError(err).Code, "a later ADD of it is refused: %v", err)
+			u.gcNone()
+			u.requireClean()
+			u.requireEmptyStateDir()
+		})
+	}
+}
+
+// A DEL request found when ADD takes the lock (its DEL gave up, and the
+// ADD that held the lock was killed before it saw the request) refuses
+// that ADD as a tombstone would, and becomes one.
+func TestAddRefusedByADelRequest(t *testing.T) {
+	u := newUnit(t)
+	conf := u.conf(allSettings)
+	store, err := NewStore(u.stateDir, nil)
+	require.NoError(t, err)
+	args := u.args(conf, "c1")
+	c, err := parseConf([]byte(conf))
+	require.NoError(t, err)
+	require.NoError(t, store.requestDel(c.Name, args))
+	_, err = u.add(conf, "c1")
+	ce := CNIError(err)
+	require.Equal(t, uint(types.ErrUnknownContainer), ce.Code, "%v", err)
+	require.Contains(t, ce.Msg, "is being deleted")
+	require.Contains(t, ce.Msg, "nothing changed")
+	require.Equal(t, sriovtest.Unconfigured, u.pf.Get(vfioPF, 0), "VF settings untouched")
+	require.Empty(t, u.leases(), "no address")
+	require.Len(t, u.tombstones(), 1, "the request became the tombstone")
+	require.False(t, store.delRequested(c.Name, args))
+	u.gcNone()
+	u.requireClean()
+	u.requireEmptyStateDir()
 }
 
 // A DEL that ran before its ADD leaves a tombstone: the ADD is refused

@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -94,6 +95,9 @@ type Plugin struct {
 	// failpoint is called at each step boundary of ADD and teardown; only
 	// test builds set it (SetFailpoint).
 	failpoint func(name string)
+	// attachWait bounds the wait for an attachment's lock; 0 is
+	// AttachLockTimeout (tests shorten it).
+	attachWait time.Duration
 	// nodeFile is the node config's file, for errors that tell the node's
 	// admin where to change a path ("" is DefaultNodeConfigPath); nodeErr
 	// is why it could not be loaded, which every command returns.

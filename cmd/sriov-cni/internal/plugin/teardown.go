@@ -49,12 +49,17 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	// DEL waits for an ADD of its attachment still running, and leaves a
 	// tombstone for one yet to start (attachlock.go).
-	alock, err := p.lockAttachmentFor("del", store, c.Name, args)
+	alock, err := p.lockAttachmentFor(log, "del", store, c.Name, args)
 	switch {
 	case errors.Is(err, unix.EROFS):
 		log.Warn("state dir is read-only: DEL goes on without the attachment's lock", "err", err)
 	case err != nil:
 		return err
+	default:
+		// Its ADD, if it waited for one, has returned.
+		if err := store.clearDelRequest(c.Name, args); err != nil {
+			log.Warn("DEL request left", "err", err)
+		}
 	}
 	defer alock.Unlock()
 	// Whatever this DEL finds, it clears what killed calls left on VFs
