@@ -126,10 +126,12 @@ e2e-kernel-boots:
 # its own (kubelet, containerd, runc, Multus, whereabouts in an initramfs)
 # joined to make e2e-cluster's control plane on the host; the shipped
 # DaemonSet with components/provision, the seed's NAD and one training pod
-# per node, traffic across the wire over real VFs. Not beside make
-# e2e-cluster (the same ports). See test/e2e-vm-cluster/README.md.
+# per node, traffic across the wire over real VFs; on KERNEL=7.3 (rxe
+# netns-aware) RDMA bytes between the two pods too. KERNEL as make
+# e2e-kernel's (6.12 when unset). Not beside make e2e-cluster (the same
+# ports). See test/e2e-vm-cluster/README.md.
 e2e-vm-cluster:
-	test/e2e-vm-cluster/run.sh
+	KERNEL=$(KERNEL) test/e2e-vm-cluster/run.sh
 
 # Builds of the sriov CNI side by side in that guest: ADD, DEL and VERSION
 # p50 / p90 (BASE=REV adds a git revision's build, UPSTREAM=FILE another
