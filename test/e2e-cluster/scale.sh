@@ -301,6 +301,7 @@ sc_job() {
 	sc_delete bench
 	sc_failures job >"$SC_DIR/failures-vf"
 	sc_failures bench >"$SC_DIR/failures-novf"
+	sc_lease_wait job >"$SC_DIR/lease-vf" || true
 }
 
 sc_per_node() { sc_pods_json "$1" | jq -r '[.items[].spec.nodeName] | group_by(.) | map(length) | join(" ")' | xargs; }
@@ -441,7 +442,7 @@ sc_bench_report() {
 	} | tee "$SC_DIR/figures.txt" >&2
 	expect "figures: makespan, p50, p99 of $SC_PODS pods with the VF ($(sed -n 3p "$SC_DIR/figures.txt" | xargs)) and without ($(sed -n 4p "$SC_DIR/figures.txt" | xargs)), ratio $ratio" \
 		"$SC_PODS $SC_PODS" "${vf[6]} ${novf[6]}"
-	sc_where_time_goes >>"$SC_DIR/figures.txt"
+	sc_where_time_goes | tee -a "$SC_DIR/figures.txt" >&2
 }
 
 # sc_where_time_goes prints what the phases are and how many sandboxes
@@ -449,6 +450,20 @@ sc_bench_report() {
 sc_where_time_goes() {
 	echo "  ->sched: create to PodScheduled; ->sandbox: to PodReadyToStartContainers (device allocation, Multus, the CNI's ADD, whereabouts); ->running: to Ready"
 	echo "  failed sandbox attempts (the nodes' kubelet logs: all, Multus' GetPod timed out, whereabouts, sriov, other): with VF $(<"$SC_DIR/failures-vf"); without $(<"$SC_DIR/failures-novf")"
+	echo "  with VF, each ADD's wait for whereabouts' one cluster-wide Lease (kube-system/whereabouts), from its logs: $(<"$SC_DIR/lease-vf")"
+}
+
+# sc_lease_wait PREFIX prints how long PREFIX's pods' whereabouts ADDs
+# waited for whereabouts' leader election (one Lease for the cluster, so
+# the allocations of a burst run one after another): "Beginning IPAM" to
+# "IPManagement -- mode: 0" of each container, in whole seconds.
+sc_lease_wait() {
+	cat "$RUN"/logs/whereabouts-s*.log 2>/dev/null | awk -v p="podRef: \"default/$1-" '
+		function ts(x,  a) { split(x, a, /[T:Z]/); return a[2] * 3600 + a[3] * 60 + a[4] }
+		/Beginning IPAM for ContainerID/ { match($0, /ContainerID: "[0-9a-f]+"/); id = substr($0, RSTART + 14, 12); b[id] = $1; if (index($0, p)) mine[id] = 1 }
+		/IPManagement -- mode: 0/ { match($0, /containerID: "[0-9a-f]+"/); e[substr($0, RSTART + 14, 12)] = $1 }
+		END { for (id in mine) if (id in e) print ts(e[id]) - ts(b[id]) }' | sort -n |
+		awk '{ a[NR] = $1; s += $1 } END { if (NR) printf "%d ADDs, mean %.1f s, p50 %d s, p90 %d s, max %d s\n", NR, s / NR, a[int(NR / 2) + 1], a[int(NR * 0.9)], a[NR]; else print "none found" }'
 }
 
 # sc_failures PREFIX prints "all getpod whereabouts sriov other": the
