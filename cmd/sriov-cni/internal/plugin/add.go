@@ -88,8 +88,8 @@ func (p *Plugin) Add(args *skel.CmdArgs) (err error) {
 		store.settleDelRequest(log, c.Name, args, time.Now())
 		log.Warn("ADD undone: its DEL arrived while it ran", "err", err)
 		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf(
-			"container %s interface %s (network %q): %v; undone, nothing of it is left; "+
-				"the runtime gave up on this ADD and tears the sandbox down", args.ContainerID, args.IfName, c.Name, err), "")
+			"container %s interface %s (network %q): %v; undone, nothing of it is left; "+gaveUp,
+			args.ContainerID, args.IfName, c.Name, err), "")
 	}
 	if err != nil {
 		return err

@@ -121,6 +121,10 @@ func (s *Store) clearDelRequest(network string, args *skel.CmdArgs) error {
 	return nil
 }
 
+// gaveUp ends the message of every ADD refused or undone because of its
+// DEL (code 3), which the runtime needs no cleanup for.
+const gaveUp = "the runtime gave up on this ADD and tears the sandbox down"
+
 // errDelArrived is an ADD that its DEL overtook while it ran: undone.
 var errDelArrived = errors.New("the DEL of this attachment arrived while this ADD ran")
 
@@ -206,7 +210,7 @@ func (s *Store) refuseDeleted(log *slog.Logger, network string, args *skel.CmdAr
 		s.settleDelRequest(log, network, args, now)
 		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf(
 			"container %s interface %s (network %q) is being deleted (a DEL waited for this attachment) before this ADD took it: nothing changed; "+
-				"the runtime gave up on this ADD and tears the sandbox down, and a new sandbox has a new container ID",
+				gaveUp+", and a new sandbox has a new container ID",
 			args.ContainerID, args.IfName, network), "")
 	}
 	t, err := s.loadTombstone(network, args.ContainerID, args.IfName)
@@ -216,7 +220,7 @@ func (s *Store) refuseDeleted(log *slog.Logger, network string, args *skel.CmdAr
 	case err == nil && now.Sub(t.Deleted) < tombstoneTTL:
 		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf(
 			"container %s interface %s (network %q) was deleted (DEL at %s) before this ADD took it: nothing changed; "+
-				"the runtime gave up on this ADD and tears the sandbox down, and a new sandbox has a new container ID",
+				gaveUp+", and a new sandbox has a new container ID",
 			args.ContainerID, args.IfName, network, t.Deleted.Format(time.RFC3339Nano)), "")
 	case err != nil:
 		log.Warn("tombstone that cannot be read removed", "err", err)

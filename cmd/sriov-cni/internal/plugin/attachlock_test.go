@@ -43,6 +43,21 @@ func (u *unit) tombstones() []string {
 	return paths
 }
 
+// requireRefusedUntouched checks an ADD refused with code 3 because of its
+// DEL (the message says why), having changed nothing: VF settings as
+// found, no address, no device-info file.
+func (u *unit) requireRefusedUntouched(err error, why string) {
+	u.t.Helper()
+	require.Error(u.t, err, "ADD after its DEL")
+	ce := CNIError(err)
+	require.Equal(u.t, uint(types.ErrUnknownContainer), ce.Code, "%v", err)
+	require.Contains(u.t, ce.Msg, why)
+	require.Contains(u.t, ce.Msg, "nothing changed")
+	require.Equal(u.t, sriovtest.Unconfigured, u.pf.Get(vfioPF, 0), "VF settings untouched")
+	require.Empty(u.t, u.leases(), "no address")
+	require.Empty(u.t, ls(u.t, u.devinfoDir), "no device-info file")
+}
+
 // gcNone is GC with no valid attachment.
 func (u *unit) gcNone() {
 	u.t.Helper()
@@ -210,12 +225,7 @@ func TestAddRefusedByADelRequest(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, store.requestDel(c.Name, args))
 	_, err = u.add(conf, "c1")
-	ce := CNIError(err)
-	require.Equal(t, uint(types.ErrUnknownContainer), ce.Code, "%v", err)
-	require.Contains(t, ce.Msg, "is being deleted")
-	require.Contains(t, ce.Msg, "nothing changed")
-	require.Equal(t, sriovtest.Unconfigured, u.pf.Get(vfioPF, 0), "VF settings untouched")
-	require.Empty(t, u.leases(), "no address")
+	u.requireRefusedUntouched(err, "is being deleted")
 	require.Len(t, u.tombstones(), 1, "the request became the tombstone")
 	require.False(t, store.delRequested(c.Name, args))
 	u.gcNone()
@@ -230,14 +240,7 @@ func TestAddAfterItsDelRefused(t *testing.T) {
 	conf := u.conf(allSettings)
 	require.NoError(t, u.del(conf, "c1"))
 	_, err := u.add(conf, "c1")
-	require.Error(t, err, "ADD after its DEL")
-	ce := CNIError(err)
-	require.Equal(t, uint(types.ErrUnknownContainer), ce.Code)
-	require.Contains(t, ce.Msg, "was deleted")
-	require.Contains(t, ce.Msg, "nothing changed")
-	require.Equal(t, sriovtest.Unconfigured, u.pf.Get(vfioPF, 0), "VF settings untouched")
-	require.Empty(t, u.leases(), "no address")
-	require.Empty(t, ls(t, u.devinfoDir), "no device-info file")
+	u.requireRefusedUntouched(err, "was deleted")
 	require.Len(t, u.tombstones(), 1)
 
 	// Another attachment of the container, or of another network, is not
