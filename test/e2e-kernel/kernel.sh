@@ -156,6 +156,42 @@ kernel_has_module() {
 	grep -qE "$re:" "$KERNEL_MODDIR/modules.dep" || grep -qE "$re\$" "$KERNEL_MODDIR/modules.builtin" 2>/dev/null
 }
 
+# verbs_tool_paths prints the RDMA tools' files a guest gets from the
+# host's Debian packages: rdma-core's ibv_rc_pingpong (ibverbs-utils) and
+# perftest's ib_write_bw (their real paths), rdma-core's soft-RoCE
+# provider (ibverbs-providers) and its driver file; it fails, naming the
+# package, when one is missing.
+verbs_tool_paths() {
+	local t prov
+	for t in ibv_rc_pingpong ib_write_bw; do
+		t=$(type -P "$t") || { echo "no $t (ibverbs-utils, perftest)" >&2; return 1; }
+		readlink -f "$t"
+	done
+	prov=$(dpkg -L ibverbs-providers 2>/dev/null | grep '/librxe-rdmav[0-9]*\.so$' | head -1)
+	[[ -n $prov && -f /etc/libibverbs.d/rxe.driver ]] || { echo "no rxe provider (ibverbs-providers)" >&2; return 1; }
+	echo "$prov"
+	echo /etc/libibverbs.d/rxe.driver
+}
+
+# copy_verbs_tools copies those files into $ROOT, the tools and the
+# provider with the libraries they need, the tools also as /usr/bin/NAME
+# (only rxe's provider: libibverbs would warn about every other one it
+# cannot load).
+copy_verbs_tools() {
+	local paths f
+	paths=$(verbs_tool_paths) || return 1
+	for f in $paths; do
+		case $f in
+		*.driver) install -D -m 0644 "$f" "$ROOT$f" ;;
+		*.so) copy_with_libs "$f" ;;
+		*)
+			copy_with_libs "$f"
+			[[ -e $ROOT/usr/bin/$(basename "$f") ]] || ln -s "$f" "$ROOT/usr/bin/$(basename "$f")"
+			;;
+		esac
+	done
+}
+
 # copy_with_libs copies an executable and the libraries ldd names into
 # $ROOT (the initramfs being made; make e2e-kernel's and make
 # e2e-vm-cluster's guests).

@@ -190,19 +190,9 @@ make_initramfs() {
 	# script runs the verbs tools on a pty: their output line by line
 	script=$(command -v script) || die "no script (util-linux)"
 	copy_with_libs "$(readlink -f "$script")"
-	# the verbs tools, their libraries and the loader, and rdma-core's
-	# soft-RoCE provider with its driver file (only rxe's: libibverbs
-	# would warn about every other provider it cannot load)
-	local t prov
-	for t in ibv_rc_pingpong ib_write_bw; do
-		t=$(command -v "$t") || die "no $t (ibverbs-utils, perftest)"
-		copy_with_libs "$(readlink -f "$t")"
-		[[ -e $ROOT/usr/bin/$(basename "$t") ]] || ln -s "$(readlink -f "$t")" "$ROOT/usr/bin/$(basename "$t")"
-	done
-	prov=$(dpkg -L ibverbs-providers 2>/dev/null | grep '/librxe-rdmav[0-9]*\.so$' | head -1)
-	[[ -n $prov && -f /etc/libibverbs.d/rxe.driver ]] || die "no rxe provider (ibverbs-providers)"
-	copy_with_libs "$prov"
-	install -D -m 0644 /etc/libibverbs.d/rxe.driver "$ROOT/etc/libibverbs.d/rxe.driver"
+	# the verbs tools, their libraries, and rdma-core's soft-RoCE
+	# provider with its driver file (kernel.sh)
+	copy_verbs_tools || die "the guest's verbs tools are missing (above)"
 	[[ -e $ROOT/sbin/ip ]] || ln -s "$(readlink -f "$ip")" "$ROOT/sbin/ip"
 	[[ -e $ROOT/usr/bin/rdma ]] || ln -s "$(readlink -f "$rdma")" "$ROOT/usr/bin/rdma"
 	# the loader ldd names as a path (/lib64/ld-linux-x86-64.so.2) is a link on the host

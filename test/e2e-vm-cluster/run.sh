@@ -79,7 +79,8 @@ if rdma_kernel; then MODULES+=" $RXE_MODULES"; fi
 # util-linux's script (a pty: a tool's output line by line, also when
 # timeout kills it).
 RDMA_DEBS="ibverbs-utils ibverbs-providers perftest iproute2 util-linux"
-RDMA_TOOLS="ibv_rc_pingpong ib_write_bw rdma script"
+# The verbs tools are kernel.sh's (verbs_tool_paths); these beside them.
+RDMA_TOOLS="rdma script"
 RXE=rxe0 # each pod's soft-RoCE device (the name is node-wide: one per node)
 ROCE_PORT=4791
 
@@ -158,19 +159,14 @@ make_initramfs() {
 	[[ -e $ROOT/usr/bin/runc ]] || ln -s "$(readlink -f "$runc")" "$ROOT/usr/bin/runc"
 	if rdma_kernel; then
 		# the verbs tools, their libraries, and rdma-core's soft-RoCE
-		# provider with its driver file (only rxe's: libibverbs would warn
-		# about every other provider it cannot load)
+		# provider with its driver file (kernel.sh), then rdma and script,
+		# each called as /usr/bin/NAME in the guest
+		copy_verbs_tools || die "the guests' verbs tools are missing (above)"
 		local t
-		for t in $(rdma_tool_paths); do
-			case $t in
-			*.driver) install -D -m 0644 "$t" "$ROOT$t" ;;
-			*.so) copy_with_libs "$t" ;;
-			*)
-				copy_with_libs "$t"
-				# called as /usr/bin/NAME in the guest
-				[[ -e $ROOT/usr/bin/$(basename "$t") ]] || ln -s "$t" "$ROOT/usr/bin/$(basename "$t")"
-				;;
-			esac
+		for t in $RDMA_TOOLS; do
+			t=$(readlink -f "$(type -P "$t")") # type -P: rdma is also a function here
+			copy_with_libs "$t"
+			[[ -e $ROOT/usr/bin/$(basename "$t") ]] || ln -s "$t" "$ROOT/usr/bin/$(basename "$t")"
 		done
 	fi
 	install -m 0755 "$WORK/bin/kubelet" "$WORK/bin/containerd" "$WORK/bin/containerd-shim-runc-v2" "$WORK/bin/ctr" \
@@ -218,23 +214,22 @@ EOF
 	log "initramfs: $(du -m "$INITRD" | cut -f1) MiB"
 }
 
-# rdma_tool_paths prints the files of the verbs tools the guests get: the
-# tools (their real paths), the rxe provider and its driver file.
+# rdma_tool_paths prints the files of the verbs tools the guests get:
+# kernel.sh's (verbs_tool_paths), then rdma's and script's real paths.
 rdma_tool_paths() {
 	local t
+	verbs_tool_paths
 	for t in $RDMA_TOOLS; do
 		readlink -f "$(type -P "$t")" # type -P: rdma is also a function here
 	done
-	dpkg -L ibverbs-providers 2>/dev/null | grep '/librxe-rdmav[0-9]*\.so$' | head -1
-	echo /etc/libibverbs.d/rxe.driver
 }
 
 # rdma_tools_installed says whether the host has every verbs tool, the
 # rxe provider and its driver file.
 rdma_tools_installed() {
 	local t
+	verbs_tool_paths >/dev/null 2>&1 || return 1
 	for t in $RDMA_TOOLS; do type -P "$t" >/dev/null || return 1; done
-	dpkg -L ibverbs-providers 2>/dev/null | grep -q '/librxe-rdmav[0-9]*\.so$' && [[ -f /etc/libibverbs.d/rxe.driver ]]
 }
 
 # install_rdma_tools installs the verbs tools' packages where missing, as
